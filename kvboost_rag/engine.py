@@ -1,0 +1,376 @@
+"""KVBoostRAG: warm documents once, reuse their KV wherever they land in later prompts."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .chunk_store import ChunkEntry, ChunkStore
+from .chunking import chunk_boundaries
+from .config import MODES, EngineConfig, Mode
+from .fingerprint import model_fingerprint
+from .hashing import chained_prefix_hashes, content_hash, document_hash
+from .kv_cache import forward_last_logits, make_cache, mixed_attention_mask, reorder_slots, rotary_module, stacked_kv
+from .matching import ReusePlan, plan_reuse
+from .model_loader import load_model, resolve_dtype
+from .result import GenerationResult, StageTimings, WarmReport
+from .rope import rerotate_keys
+from .sampling import SamplingParams, held_back, sample_token
+
+Prompt = str | Sequence[dict[str, str]]
+
+
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room for a new token in the model's context window."""
+
+
+class GenerationStream(Iterator[str]):
+    """Text deltas as each token is produced; `.result` is set once the stream is exhausted."""
+
+    def __init__(self, steps: Iterator[str]) -> None:
+        self._steps = steps
+        self.result: GenerationResult | None = None
+
+    def __next__(self) -> str:
+        try:
+            return next(self._steps)
+        except StopIteration as done:
+            self.result = done.value
+            raise
+
+
+class KVBoostRAG:
+    """A HuggingFace causal LM with position-independent chunk KV reuse.
+
+    Thread-safe: forward passes take the model lock one at a time, the store has its own lock,
+    and each request keeps its own cache, so concurrent calls give the sequential outputs.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: EngineConfig | None = None,
+        *,
+        store: ChunkStore | None = None,
+        name: str = "custom",
+        reuse_supported: bool = True,
+        unsupported_reason: str | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        self.name = name
+        self.reuse_supported = reuse_supported
+        self.unsupported_reason = unsupported_reason
+        if not reuse_supported and self.config.mode == "reuse":
+            self.config.mode = "full"
+        self.store = store or ChunkStore(self.config.memory_budget_bytes, self.config.match_window)
+        first_param = next(model.parameters())
+        self.device, self.dtype = first_param.device, first_param.dtype
+        self.fingerprint = model_fingerprint(model, tokenizer, self.dtype)
+        text_config = model.config.get_text_config(decoder=True)
+        self.max_context: int = int(getattr(text_config, "max_position_embeddings", 0) or 2**31 - 1)
+        self._rotary = rotary_module(model) if reuse_supported else None
+        self._model_lock = threading.Lock()
+        self._token_texts: dict[int, str] = {}
+        self._stop_ids = _eos_ids(model, tokenizer)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str] | None = None,
+        *,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        allow_unsupported: bool = False,
+        config: EngineConfig | None = None,
+        **config_overrides: Any,
+    ) -> KVBoostRAG:
+        """Any HF RoPE decoder by hub name, folder or GGUF file; None is the embedded default.
+
+        dtype defaults to bfloat16 (see README: ~2x faster than fp32 on CPU at equal greedy
+        agreement); device to CUDA when present.
+        """
+        if config is not None and config_overrides:
+            raise ValueError("pass either config or config keyword overrides, not both")
+        config = config or EngineConfig(**config_overrides)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        loaded = load_model(name_or_path, resolve_dtype(dtype), device, allow_unsupported)
+        return cls(
+            loaded.model,
+            loaded.tokenizer,
+            config,
+            name=loaded.name,
+            reuse_supported=loaded.reuse_supported,
+            unsupported_reason=loaded.unsupported_reason,
+        )
+
+    # documents ---------------------------------------------------------------------------
+    def warm(self, documents: str | Iterable[str]) -> WarmReport:
+        """Encode each document alone, in one pass, and store it chunk by chunk.
+
+        A document already warm is skipped without any model work.
+        """
+        started = time.perf_counter()
+        texts = [documents] if isinstance(documents, str) else list(documents)
+        tokenized = [self._document_tokens(i, text) for i, text in enumerate(texts)]
+        report = WarmReport(documents=len(texts))
+        for tokens in tokenized:
+            doc_key = document_hash(self.fingerprint, tokens)
+            if self.store.has_document(doc_key):
+                report.skipped_documents += 1
+                continue
+            report.chunks_stored += self._encode_document(doc_key, tokens)
+            report.tokens_encoded += len(tokens)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _document_tokens(self, index: int, text: Any) -> np.ndarray:
+        if not isinstance(text, str):
+            raise TypeError(f"document {index} is a {type(text).__name__}, expected str")
+        tokens = np.asarray(self.tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int64)
+        if len(tokens) == 0:
+            raise ValueError(f"document {index} is empty")
+        if len(tokens) > self.max_context:
+            raise ValueError(f"document {index} has {len(tokens)} tokens, over the context window of {self.max_context}")
+        return tokens
+
+    def _encode_document(self, doc_key: bytes, tokens: np.ndarray) -> int:
+        cache = make_cache()
+        ids = torch.from_numpy(tokens).to(self.device)
+        with self._model_lock:
+            forward_last_logits(self.model, ids, torch.arange(len(tokens), device=self.device), cache)
+        keys, values = stacked_kv(cache)
+        boundaries = self._boundaries(tokens)
+        prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries)
+        contents = [content_hash(self.fingerprint, tokens[s:e]) for s, e in zip(boundaries[:-1], boundaries[1:])]
+        stored = 0
+        for i, (start, end) in enumerate(zip(boundaries[:-1], boundaries[1:])):
+            entry = ChunkEntry(
+                tokens=tokens[start:end].copy(),
+                keys=keys[:, :, start:end].clone(),  # NOTE: clone, or a chunk pins its whole document
+                values=values[:, :, start:end].clone(),
+                base_position=start,
+                content_hash=contents[i],
+                prefix_hash=prefixes[i],
+                next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
+            )
+            stored += self.store.put(entry)
+        self.store.add_document(doc_key, contents)
+        return stored
+
+    # generation --------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
+        """Answer a prompt (text or chat messages); see `stream` for the options."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: str | list[str] | None = None,
+        mode: Mode | None = None,
+        store_prompt: bool | None = None,
+    ) -> GenerationStream:
+        """Stream text deltas; bad input raises here, before any model work."""
+        started = time.perf_counter()
+        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, list(stop or []))
+        mode = self._check_mode(mode)
+        tokens = self.tokenize_prompt(prompt)
+        tokenize_s = time.perf_counter() - started
+        if len(tokens) >= self.max_context:
+            raise PromptTooLongError(
+                f"prompt has {len(tokens)} tokens; the context window of {self.name} is {self.max_context}"
+            )
+        store_prompt = self.config.store_prompt_prefixes if store_prompt is None else store_prompt
+        return GenerationStream(self._run(tokens, params, mode, store_prompt and mode != "full", started, tokenize_s))
+
+    def tokenize_prompt(self, prompt: Prompt) -> np.ndarray:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt is empty")
+            ids = self.tokenizer(prompt).input_ids
+        else:
+            messages = list(prompt)
+            if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+                raise ValueError("chat prompt must be a non-empty list of {'role': ..., 'content': ...} messages")
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        return np.asarray(ids, dtype=np.int64)
+
+    def _check_mode(self, mode: Mode | None) -> Mode:
+        mode = mode or self.config.mode
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "reuse" and not self.reuse_supported:
+            raise ValueError(f"reuse is off for {self.name}: {self.unsupported_reason}")
+        return mode
+
+    def _run(
+        self,
+        tokens: np.ndarray,
+        params: SamplingParams,
+        mode: Mode,
+        store_prompt: bool,
+        started: float,
+        tokenize_s: float,
+    ) -> Iterator[str]:
+        timings = StageTimings(tokenize_s=tokenize_s)
+        mark = time.perf_counter()
+        boundaries = self._boundaries(tokens)
+        plan = plan_reuse(tokens, boundaries, self.store, self.fingerprint, mode)
+        timings.lookup_s, mark = time.perf_counter() - mark, time.perf_counter()
+        cache, logits = self._prefill(tokens, plan, timings)
+        mark = time.perf_counter()
+
+        generator = params.generator(logits.device)
+        max_new = min(params.max_new_tokens, self.max_context - len(tokens))
+        generated: list[int] = []
+        emitted, text, finish, ttft = 0, "", "length", 0.0
+        while True:
+            token = sample_token(logits, params, generator)
+            if not generated and ttft == 0.0:
+                timings.sample_s = time.perf_counter() - mark
+                ttft = time.perf_counter() - started
+            if token in self._stop_ids:
+                finish = "eos"
+                break
+            generated.append(token)
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            cut = _find_stop(text, params.stop, max(0, emitted - max((len(s) for s in params.stop), default=0)))
+            if cut is not None:
+                text, finish = text[:cut], "stop"
+                break
+            safe = len(text) - held_back(text, params.stop)
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+            if len(generated) >= max_new:
+                break
+            position = torch.tensor([len(tokens) + len(generated) - 1], device=self.device)
+            with self._model_lock:
+                logits = forward_last_logits(
+                    self.model, torch.tensor([token], device=self.device), position, cache
+                )
+        if len(text) > emitted:
+            yield text[emitted:]
+        if store_prompt:
+            self._store_prompt_chunks(tokens, boundaries, plan, cache)
+        return GenerationResult(
+            text=text,
+            mode=mode,
+            finish_reason=finish,  # type: ignore[arg-type]
+            ttft_s=ttft,
+            total_s=time.perf_counter() - started,
+            prompt_tokens=len(tokens),
+            new_tokens=len(generated),
+            reused_exact_tokens=plan.tokens("exact"),
+            reused_approximate_tokens=plan.tokens("approximate"),
+            computed_tokens=plan.tokens("computed"),
+            exact_chunks=plan.exact_chunks,
+            approximate_chunks=plan.approximate_chunks,
+            missed_chunks=plan.missed_chunks,
+            timings=timings,
+            token_ids=generated,
+        )
+
+    def _prefill(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings) -> tuple[Any, torch.Tensor]:
+        """Assemble the cached KV at its new positions, then compute every other token over it."""
+        mark = time.perf_counter()
+        cached = [s for s in plan.segments if s.kind != "computed"]
+        computed = [s for s in plan.segments if s.kind == "computed"]
+        query_positions = _positions(computed, self.device)
+        interleaved = False
+        if cached:
+            keys = torch.cat([s.entry.keys[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
+            values = torch.cat([s.entry.values[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
+            slot_positions = _positions(cached, self.device)
+            source = torch.cat(
+                [torch.arange(len(s), device=self.device) + s.entry.base_position + s.offset for s in cached]
+            )
+            if self._rotary is not None:
+                keys = rerotate_keys(keys, slot_positions - source, self._rotary)
+            cache = make_cache(keys, values)
+            interleaved = bool(slot_positions[-1] > query_positions[0])
+        else:
+            cache = make_cache()
+        mask = None
+        if interleaved:
+            all_slots = torch.cat([slot_positions, query_positions])
+            mask = mixed_attention_mask(query_positions, all_slots, self.dtype)
+        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
+
+        ids = torch.from_numpy(tokens).to(self.device)[query_positions]
+        with self._model_lock:
+            logits = forward_last_logits(self.model, ids, query_positions, cache, mask)
+        if interleaved:
+            reorder_slots(cache, torch.argsort(all_slots))
+        timings.prefill_s = time.perf_counter() - mark
+        return cache, logits
+
+    def _store_prompt_chunks(self, tokens: np.ndarray, boundaries: list[int], plan: ReusePlan, cache: Any) -> None:
+        """Keep the prompt's exactly computed chunks for later EXACT (prefix) hits."""
+        exact_end = plan.exact_end
+        prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries)
+        for i, (start, end) in enumerate(zip(boundaries[:-1], boundaries[1:])):
+            if end > exact_end or end - start < self.config.chunk_size and end == len(tokens):
+                break  # NOTE: a partial last chunk would never be hit: the next prompt's differs
+            if i < plan.exact_chunks:
+                continue
+            keys, values = stacked_kv(cache, start, end)
+            self.store.put(
+                ChunkEntry(
+                    tokens=tokens[start:end].copy(),
+                    keys=keys,
+                    values=values,
+                    base_position=start,
+                    content_hash=content_hash(self.fingerprint, tokens[start:end]),
+                    prefix_hash=prefixes[i],
+                    approximate_ok=False,
+                )
+            )
+
+    def _boundaries(self, tokens: np.ndarray) -> list[int]:
+        strategy = self.config.chunking
+        texts = None if strategy == "fixed" else self._texts_of(tokens)
+        return chunk_boundaries(texts, len(tokens), strategy, self.config.chunk_size, self.config.adaptive_slack)
+
+    def _texts_of(self, tokens: np.ndarray) -> list[str]:
+        missing = [int(t) for t in set(tokens.tolist()) if int(t) not in self._token_texts]
+        for token, text in zip(missing, self.tokenizer.batch_decode([[t] for t in missing])):
+            self._token_texts[token] = text
+        return [self._token_texts[int(t)] for t in tokens]
+
+
+def _positions(segments: Sequence[Any], device: torch.device) -> torch.Tensor:
+    return torch.cat([torch.arange(s.start, s.end, device=device) for s in segments])
+
+
+def _find_stop(text: str, stops: list[str], search_from: int) -> int | None:
+    found = [i for i in (text.find(s, search_from) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return ids

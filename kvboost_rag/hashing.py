@@ -1,0 +1,74 @@
+"""Chunk keys: chained prefix hashes (EXACT) and content hashes (APPROXIMATE).
+
+Two distinct types so one can never be passed where the other is meant; both are SHA-256 over
+bytes (stable across processes) and seeded with the model fingerprint, so caches of different
+models, tokenizers, dtypes or position encodings never mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import NewType
+
+import numpy as np
+
+PrefixHash = NewType("PrefixHash", bytes)
+ContentHash = NewType("ContentHash", bytes)
+WindowKey = NewType("WindowKey", bytes)
+Fingerprint = NewType("Fingerprint", bytes)
+
+
+def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    return np.asarray(tokens, dtype=np.int64).tobytes()
+
+
+def prefix_hash(fingerprint: Fingerprint, parent: PrefixHash | None, tokens: Sequence[int]) -> PrefixHash:
+    """Hash of a chunk and everything before it: equal hashes mean identical KV."""
+    h = hashlib.sha256(b"prefix\0" + fingerprint)
+    h.update(parent if parent is not None else b"root")
+    h.update(token_bytes(tokens))
+    return PrefixHash(h.digest())
+
+
+def chained_prefix_hashes(
+    fingerprint: Fingerprint, tokens: Sequence[int], boundaries: Sequence[int]
+) -> list[PrefixHash]:
+    """Prefix hash of every chunk [boundaries[i], boundaries[i+1])."""
+    hashes: list[PrefixHash] = []
+    parent: PrefixHash | None = None
+    for start, end in zip(boundaries[:-1], boundaries[1:]):
+        parent = prefix_hash(fingerprint, parent, tokens[start:end])
+        hashes.append(parent)
+    return hashes
+
+
+def content_hash(fingerprint: Fingerprint, tokens: Sequence[int]) -> ContentHash:
+    """Hash of a chunk's tokens alone, wherever it stood."""
+    return ContentHash(hashlib.sha256(b"content\0" + fingerprint + token_bytes(tokens)).digest())
+
+
+def document_hash(fingerprint: Fingerprint, tokens: Sequence[int]) -> bytes:
+    return hashlib.sha256(b"document\0" + fingerprint + token_bytes(tokens)).digest()
+
+
+def window_keys(tokens: np.ndarray, window: int) -> list[WindowKey]:
+    """Key of the window starting at every offset (len - window + 1 keys).
+
+    Short 8-byte digests keep the index small; a hit is always confirmed by comparing tokens.
+    """
+    data = np.ascontiguousarray(tokens, dtype=np.int64)
+    raw = data.tobytes()
+    step = 8
+    return [
+        WindowKey(hashlib.blake2b(raw[i * step : (i + window) * step], digest_size=8).digest())
+        for i in range(len(data) - window + 1)
+    ]
+
+
+def fingerprint_from_parts(parts: Sequence[str | bytes]) -> Fingerprint:
+    h = hashlib.sha256(b"kvboost-rag-fingerprint-v1")
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return Fingerprint(h.digest())

@@ -1,0 +1,66 @@
+"""What one request returns."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass(slots=True)
+class StageTimings:
+    """Seconds per stage before the first token; they sum to about the TTFT."""
+
+    tokenize_s: float = 0.0
+    lookup_s: float = 0.0
+    assemble_s: float = 0.0  # gathering cached KV and re-rotating moved keys
+    prefill_s: float = 0.0  # forward pass over the computed tokens only
+    sample_s: float = 0.0
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    text: str
+    mode: str
+    finish_reason: FinishReason
+    ttft_s: float  # wall clock from the call to the first token
+    total_s: float
+    prompt_tokens: int
+    new_tokens: int
+    reused_exact_tokens: int
+    reused_approximate_tokens: int
+    computed_tokens: int
+    exact_chunks: int
+    approximate_chunks: int
+    missed_chunks: int
+    timings: StageTimings = field(default_factory=StageTimings)
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def reused_tokens(self) -> int:
+        return self.reused_exact_tokens + self.reused_approximate_tokens
+
+    @property
+    def reuse_share(self) -> float:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode speed after the first token."""
+        decode_s = self.total_s - self.ttft_s
+        return (self.new_tokens - 1) / decode_s if self.new_tokens > 1 and decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(reuse_share=self.reuse_share, tokens_per_s=self.tokens_per_s, reused_tokens=self.reused_tokens)
+        return data
+
+
+@dataclass(slots=True)
+class WarmReport:
+    documents: int = 0
+    skipped_documents: int = 0  # already warm: nothing recomputed
+    chunks_stored: int = 0
+    tokens_encoded: int = 0
+    seconds: float = 0.0

@@ -1,0 +1,40 @@
+"""Move cached keys to new positions by rotating them further (RoPE delta rotation).
+
+Cached keys are post-RoPE: k_a = R(a) k. Rotations compose, so R(b - a) k_a = R(b) k; the delta
+rotation uses the model's own rotary module for its frequencies, in fp32, with yarn's magnitude
+factor divided out. Partial rotary (the first `rotary_dim` channels) is handled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def delta_cos_sin(rotary_emb: Any, deltas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of the rotation by each delta, shape [n, rotary_dim], fp32."""
+    probe = torch.empty(0, dtype=torch.float32, device=deltas.device)
+    cos, sin = rotary_emb(probe, deltas.reshape(1, -1).to(torch.long))
+    scale = float(getattr(rotary_emb, "attention_scaling", 1.0) or 1.0)
+    return cos[0].float() / scale, sin[0].float() / scale
+
+
+def rerotate_keys(keys: torch.Tensor, deltas: torch.Tensor, rotary_emb: Any) -> torch.Tensor:
+    """Keys [..., n, head_dim] rotated by deltas [n]; returned in the keys' dtype."""
+    if keys.shape[-2] != deltas.numel():
+        raise ValueError(f"{deltas.numel()} deltas for {keys.shape[-2]} key positions")
+    if not torch.any(deltas):
+        return keys
+    cos, sin = delta_cos_sin(rotary_emb, deltas.to(keys.device))
+    rotary_dim = cos.shape[-1]
+    k = keys.float()
+    rotated = k[..., :rotary_dim] * cos + rotate_half(k[..., :rotary_dim]) * sin
+    if rotary_dim < k.shape[-1]:
+        rotated = torch.cat((rotated, k[..., rotary_dim:]), dim=-1)
+    return rotated.to(keys.dtype)
