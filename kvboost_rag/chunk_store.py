@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from .hashing import ContentHash, PrefixHash, WindowKey, window_keys
+from .hashing import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
 
 
 @dataclass(slots=True, eq=False)
@@ -26,6 +26,7 @@ class ChunkEntry:
     keys: torch.Tensor  # [layers, kv_heads, n, head_dim], post-RoPE
     values: torch.Tensor
     base_position: int
+    fingerprint: Fingerprint  # the model, tokenizer, dtype and RoPE that computed it
     content_hash: ContentHash
     prefix_hash: PrefixHash | None
     next_chunk: ContentHash | None = None  # the chunk after it in its document
@@ -111,7 +112,7 @@ class ChunkStore:
                 self._by_prefix.setdefault(entry.prefix_hash, entry_id)
             if entry.approximate_ok:
                 self._by_content[entry.content_hash] = entry_id
-                keys = window_keys(entry.tokens, self.match_window)
+                keys = window_keys(entry.fingerprint, entry.tokens, self.match_window)
                 entry.window_keys = keys[:: self.match_window]
                 for offset, key in zip(range(0, len(keys), self.match_window), entry.window_keys):
                     self._by_window.setdefault(key, []).append((entry_id, offset))

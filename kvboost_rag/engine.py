@@ -158,6 +158,7 @@ class KVBoostRAG:
                 keys=keys[:, :, start:end].clone(),  # NOTE: clone, or a chunk pins its whole document
                 values=values[:, :, start:end].clone(),
                 base_position=start,
+                fingerprint=self.fingerprint,
                 content_hash=contents[i],
                 prefix_hash=prefixes[i],
                 next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
@@ -200,6 +201,14 @@ class KVBoostRAG:
             )
         store_prompt = self.config.store_prompt_prefixes if store_prompt is None else store_prompt
         return GenerationStream(self._run(tokens, params, mode, store_prompt and mode != "full", started, tokenize_s))
+
+    def next_token_logits(self, prompt: Prompt, *, mode: Mode | None = None) -> tuple[torch.Tensor, ReusePlan]:
+        """fp32 logits of the first new token and how the prompt was served; stores nothing."""
+        mode = self._check_mode(mode)
+        tokens = self.tokenize_prompt(prompt)
+        plan = plan_reuse(tokens, self._boundaries(tokens), self.store, self.fingerprint, mode)
+        _, logits = self._prefill(tokens, plan, StageTimings())
+        return logits, plan
 
     def tokenize_prompt(self, prompt: Prompt) -> np.ndarray:
         if isinstance(prompt, str):
@@ -340,6 +349,7 @@ class KVBoostRAG:
                     keys=keys,
                     values=values,
                     base_position=start,
+                    fingerprint=self.fingerprint,
                     content_hash=content_hash(self.fingerprint, tokens[start:end]),
                     prefix_hash=prefixes[i],
                     approximate_ok=False,

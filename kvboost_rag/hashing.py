@@ -52,17 +52,16 @@ def document_hash(fingerprint: Fingerprint, tokens: Sequence[int]) -> bytes:
     return hashlib.sha256(b"document\0" + fingerprint + token_bytes(tokens)).digest()
 
 
-def window_keys(tokens: np.ndarray, window: int) -> list[WindowKey]:
+def window_keys(fingerprint: Fingerprint, tokens: np.ndarray, window: int) -> list[WindowKey]:
     """Key of the window starting at every offset (len - window + 1 keys).
 
     Short 8-byte digests keep the index small; a hit is always confirmed by comparing tokens.
     """
-    data = np.ascontiguousarray(tokens, dtype=np.int64)
-    raw = data.tobytes()
+    raw = np.ascontiguousarray(tokens, dtype=np.int64).tobytes()
     step = 8
     return [
-        WindowKey(hashlib.blake2b(raw[i * step : (i + window) * step], digest_size=8).digest())
-        for i in range(len(data) - window + 1)
+        WindowKey(hashlib.blake2b(raw[i * step : (i + window) * step], digest_size=8, key=fingerprint).digest())
+        for i in range(len(raw) // step - window + 1)
     ]
 
 

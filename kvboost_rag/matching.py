@@ -71,7 +71,7 @@ def plan_reuse(
         cached, exact_chunks = _exact_segments(tokens, boundaries, store, fingerprint)
         if mode == "reuse":
             start = cached[-1].end if cached else 0
-            cached += _approximate_segments(tokens, start, store)
+            cached += _approximate_segments(tokens, start, store, fingerprint)
     cached = _leave_last_token(cached, n)
     segments = _fill_gaps(cached, n)
     # Approximate runs start at or after the last exact chunk's end, so no chunk counts twice.
@@ -93,11 +93,13 @@ def _exact_segments(
     return segments, len(segments)
 
 
-def _approximate_segments(tokens: np.ndarray, start: int, store: ChunkStore) -> list[Segment]:
+def _approximate_segments(
+    tokens: np.ndarray, start: int, store: ChunkStore, fingerprint: Fingerprint
+) -> list[Segment]:
     window = store.match_window
     if len(tokens) - start < window:
         return []
-    keys = window_keys(tokens[start:], window)
+    keys = window_keys(fingerprint, tokens[start:], window)
     segments: list[Segment] = []
     covered = start
     i = start

@@ -1,0 +1,33 @@
+"""Shared fixtures: the embedded default model in fp32, loaded once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.chunk_store import ChunkStore
+from kvboost_rag.qa_dataset import load_qa
+
+
+@pytest.fixture(scope="session")
+def engine() -> KVBoostRAG:
+    return KVBoostRAG.from_pretrained(dtype="float32")
+
+
+@pytest.fixture()
+def fresh_engine(engine: KVBoostRAG) -> KVBoostRAG:
+    """The session's model with an empty store, so tests do not see each other's chunks."""
+    config = EngineConfig()
+    return KVBoostRAG(
+        engine.model,
+        engine.tokenizer,
+        config,
+        store=ChunkStore(config.memory_budget_bytes, config.match_window),
+        name=engine.name,
+    )
+
+
+@pytest.fixture(scope="session")
+def passages() -> list[str]:
+    """Real NQ gold passages, as 'title\\ntext'."""
+    return [example.passages[0].as_document() for example in load_qa(limit=40)]

@@ -1,0 +1,60 @@
+"""EXACT hits and same-position reuse reproduce full prefill (fp32)."""
+
+from __future__ import annotations
+
+import torch
+
+from kvboost_rag import KVBoostRAG
+
+
+def test_all_exact_chunks_give_full_prefill_logits(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+    prompt = "Answer from the passages.\n\n" + "\n\n".join(passages[:4]) + "\n\nQuestion: what is this about?"
+    full, _ = fresh_engine.next_token_logits(prompt, mode="full")
+    fresh_engine.generate(prompt, mode="prefix", max_new_tokens=1)  # stores the prompt's chunks
+    exact, plan = fresh_engine.next_token_logits(prompt, mode="prefix")
+    assert plan.exact_chunks == plan.prompt_chunks - 1, "every full chunk is an EXACT hit; the partial tail is not"
+    assert plan.tokens("exact") >= len(fresh_engine.tokenize_prompt(prompt)) - 128
+    assert (exact - full).abs().max().item() <= 1e-3
+
+
+def test_prompt_of_whole_chunks_is_all_exact_but_last_token(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+    tokens = fresh_engine.tokenize_prompt("\n\n".join(passages[4:10]))
+    text = fresh_engine.tokenizer.decode(tokens[:256])
+    n = len(fresh_engine.tokenize_prompt(text))
+    fresh_engine.generate(text, mode="prefix", max_new_tokens=1)
+    exact, plan = fresh_engine.next_token_logits(text, mode="reuse")
+    full, _ = fresh_engine.next_token_logits(text, mode="full")
+    assert plan.tokens("exact") == n - 1 and plan.tokens("computed") == 1
+    assert (exact - full).abs().max().item() <= 1e-3
+
+
+def test_warmed_document_at_prompt_head_is_exact(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+    """A document warmed alone is an EXACT hit where the prompt starts with it, and its tail chunk
+    (same position, same context) is reused with full-prefill logits."""
+    document = "\n\n".join(passages[10:12])
+    fresh_engine.warm(document)
+    prompt = document + "\n\nQuestion: which of these is older?"
+    reused, plan = fresh_engine.next_token_logits(prompt, mode="reuse")
+    full, _ = fresh_engine.next_token_logits(prompt, mode="full")
+    assert plan.exact_chunks >= 1
+    assert plan.tokens("exact") + plan.tokens("approximate") >= len(fresh_engine.tokenizer(document).input_ids) - 1
+    assert (reused - full).abs().max().item() <= 1e-3
+
+
+def test_moved_document_keys_match_encoding_at_new_positions(engine: KVBoostRAG, passages: list[str]) -> None:
+    """Whole-model check of re-rotation: a document encoded at 0 and moved to s has the keys
+    (and values) it has when encoded at s directly, since attention sees only relative offsets."""
+    from kvboost_rag.kv_cache import forward_last_logits, make_cache, stacked_kv
+    from kvboost_rag.rope import rerotate_keys
+
+    ids = torch.tensor(engine.tokenizer(passages[0], add_special_tokens=False).input_ids)
+    n, shift = len(ids), 333
+    at_zero, at_shift = make_cache(), make_cache()
+    forward_last_logits(engine.model, ids, torch.arange(n), at_zero)
+    forward_last_logits(engine.model, ids, torch.arange(shift, shift + n), at_shift)
+    keys0, values0 = stacked_kv(at_zero)
+    keys_s, values_s = stacked_kv(at_shift)
+    moved = rerotate_keys(keys0, torch.full((n,), shift), engine.model.model.rotary_emb)
+    scale = keys_s.abs().max().item()
+    assert (moved - keys_s).abs().max().item() <= 1e-4 * max(1.0, scale)
+    assert (values0 - values_s).abs().max().item() <= 1e-4 * max(1.0, values_s.abs().max().item())

@@ -1,0 +1,111 @@
+"""Sampling, stop strings, streaming, chat prompts, result fields and input errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvboost_rag import KVBoostRAG, PromptTooLongError
+
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def test_greedy_is_deterministic_and_result_is_complete(engine: KVBoostRAG) -> None:
+    first = engine.generate(CHAT, max_new_tokens=12, mode="full")
+    second = engine.generate(CHAT, max_new_tokens=12, mode="full")
+    assert first.text == second.text and first.text.strip()
+    assert 0 < first.ttft_s <= first.total_s
+    assert first.new_tokens == len(first.token_ids) <= 12
+    assert first.prompt_tokens == first.computed_tokens
+    assert first.timings.prefill_s > 0
+    assert first.finish_reason in {"eos", "length"}
+    assert first.tokens_per_s > 0 or first.new_tokens <= 1
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(engine: KVBoostRAG) -> None:
+    options = dict(max_new_tokens=16, temperature=1.0, top_p=0.95, top_k=50, mode="full")
+    a = engine.generate(CHAT, seed=1, **options)
+    b = engine.generate(CHAT, seed=1, **options)
+    assert a.token_ids == b.token_ids
+    others = {tuple(engine.generate(CHAT, seed=s, **options).token_ids) for s in (2, 3, 4)}
+    assert len(others | {tuple(a.token_ids)}) > 1
+
+
+def test_top_k_one_is_greedy(engine: KVBoostRAG) -> None:
+    greedy = engine.generate(CHAT, max_new_tokens=8, mode="full")
+    sampled = engine.generate(CHAT, max_new_tokens=8, temperature=0.7, top_k=1, seed=5, mode="full")
+    assert sampled.token_ids == greedy.token_ids
+
+
+def test_stop_string_truncates(engine: KVBoostRAG) -> None:
+    base = engine.generate(CHAT, max_new_tokens=24, mode="full")
+    words = base.text.split()
+    assert len(words) >= 3
+    stop = words[2]
+    cut = engine.generate(CHAT, max_new_tokens=24, mode="full", stop=[stop])
+    assert cut.finish_reason == "stop"
+    assert stop not in cut.text and base.text.startswith(cut.text)
+    assert cut.text == base.text[: base.text.index(stop)]
+
+
+def test_stream_yields_tokens_as_they_come(engine: KVBoostRAG) -> None:
+    stream = engine.stream(CHAT, max_new_tokens=20, mode="full")
+    arrivals, pieces = [], []
+    for piece in stream:
+        arrivals.append(time.perf_counter())
+        pieces.append(piece)
+    result = stream.result
+    assert result is not None and "".join(pieces) == result.text
+    assert len(pieces) >= min(5, result.new_tokens - 1)
+    assert arrivals[-1] - arrivals[0] > 0.5 * (result.total_s - result.ttft_s) * (len(pieces) - 1) / result.new_tokens
+
+
+def test_stream_with_stop_never_leaks_the_stop_string(engine: KVBoostRAG) -> None:
+    base = engine.generate(CHAT, max_new_tokens=24, mode="full")
+    stop = base.text.split()[2][:3]
+    stream = engine.stream(CHAT, max_new_tokens=24, mode="full", stop=stop)
+    streamed = "".join(stream)
+    assert stop not in streamed and streamed == stream.result.text
+
+
+def test_length_limit(engine: KVBoostRAG) -> None:
+    result = engine.generate("Count: one, two, three,", max_new_tokens=3, mode="full")
+    assert result.new_tokens <= 3 and (result.finish_reason == "length" or result.new_tokens < 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"stop": [""]}, "stop"),
+        ({"mode": "fast"}, "mode"),
+    ],
+)
+def test_invalid_settings_are_refused(engine: KVBoostRAG, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine.stream(CHAT, **kwargs)
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", [], [{"content": "no role"}]])
+def test_empty_or_malformed_prompt_is_refused(engine: KVBoostRAG, prompt: object) -> None:
+    with pytest.raises(ValueError, match="prompt"):
+        engine.generate(prompt)  # type: ignore[arg-type]
+
+
+def test_prompt_over_the_context_window_is_refused(engine: KVBoostRAG) -> None:
+    with pytest.raises(PromptTooLongError, match="context window"):
+        engine.generate("word " * (engine.max_context + 10))
+
+
+def test_bad_documents_are_refused_before_any_work(fresh_engine: KVBoostRAG) -> None:
+    with pytest.raises(ValueError, match="document 1 is empty"):
+        fresh_engine.warm(["fine text", ""])
+    with pytest.raises(TypeError, match="document 0"):
+        fresh_engine.warm([b"bytes"])  # type: ignore[list-item]
+    assert fresh_engine.store.stats().entries == 0, "nothing half-warmed"
