@@ -16,7 +16,7 @@ from .chunking import chunk_boundaries
 from .config import MODES, EngineConfig, Mode
 from .fingerprint import model_fingerprint
 from .hashing import chained_prefix_hashes, content_hash, document_hash
-from .kv_cache import forward_last_logits, make_cache, mixed_attention_mask, reorder_slots, rotary_module, stacked_kv
+from .kv_cache import forward_last_logits, gather_slots, make_cache, mixed_attention_mask, rotary_module, stacked_kv
 from .matching import ReusePlan, plan_reuse
 from .model_loader import load_model, resolve_dtype
 from .result import GenerationResult, StageTimings, WarmReport
@@ -207,7 +207,7 @@ class KVBoostRAG:
         mode = self._check_mode(mode)
         tokens = self.tokenize_prompt(prompt)
         plan = plan_reuse(tokens, self._boundaries(tokens), self.store, self.fingerprint, mode)
-        _, logits = self._prefill(tokens, plan, StageTimings())
+        _, logits, _ = self._prefill(tokens, plan, StageTimings())
         return logits, plan
 
     def tokenize_prompt(self, prompt: Prompt) -> np.ndarray:
@@ -245,7 +245,7 @@ class KVBoostRAG:
         boundaries = self._boundaries(tokens)
         plan = plan_reuse(tokens, boundaries, self.store, self.fingerprint, mode)
         timings.lookup_s, mark = time.perf_counter() - mark, time.perf_counter()
-        cache, logits = self._prefill(tokens, plan, timings)
+        cache, logits, slot_positions = self._prefill(tokens, plan, timings)
         mark = time.perf_counter()
 
         generator = params.generator(logits.device)
@@ -280,7 +280,7 @@ class KVBoostRAG:
         if len(text) > emitted:
             yield text[emitted:]
         if store_prompt:
-            self._store_prompt_chunks(tokens, boundaries, plan, cache)
+            self._store_prompt_chunks(tokens, boundaries, plan, cache, slot_positions)
         return GenerationResult(
             text=text,
             mode=mode,
@@ -299,50 +299,57 @@ class KVBoostRAG:
             token_ids=generated,
         )
 
-    def _prefill(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings) -> tuple[Any, torch.Tensor]:
-        """Assemble the cached KV at its new positions, then compute every other token over it."""
+    def _prefill(
+        self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Assemble the cached KV at its new positions, then compute every other token over it.
+
+        Returns the cache, the last token's logits and each cache slot's position. Slots stay
+        cached-first: decoding attends to every slot whatever its order, so no reordering is paid
+        before the first token.
+        """
         mark = time.perf_counter()
         cached = [s for s in plan.segments if s.kind != "computed"]
         computed = [s for s in plan.segments if s.kind == "computed"]
         query_positions = _positions(computed, self.device)
-        interleaved = False
+        mask = None
         if cached:
             keys = torch.cat([s.entry.keys[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
             values = torch.cat([s.entry.values[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
-            slot_positions = _positions(cached, self.device)
+            cached_positions = _positions(cached, self.device)
             source = torch.cat(
                 [torch.arange(len(s), device=self.device) + s.entry.base_position + s.offset for s in cached]
             )
             if self._rotary is not None:
-                keys = rerotate_keys(keys, slot_positions - source, self._rotary)
+                keys = rerotate_keys(keys, cached_positions - source, self._rotary)
             cache = make_cache(keys, values)
-            interleaved = bool(slot_positions[-1] > query_positions[0])
+            slot_positions = torch.cat([cached_positions, query_positions])
+            if cached_positions[-1] > query_positions[0]:  # interleaved: the plain causal mask would be wrong
+                mask = mixed_attention_mask(query_positions, slot_positions, self.dtype)
         else:
             cache = make_cache()
-        mask = None
-        if interleaved:
-            all_slots = torch.cat([slot_positions, query_positions])
-            mask = mixed_attention_mask(query_positions, all_slots, self.dtype)
+            slot_positions = query_positions
         timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
 
         ids = torch.from_numpy(tokens).to(self.device)[query_positions]
         with self._model_lock:
             logits = forward_last_logits(self.model, ids, query_positions, cache, mask)
-        if interleaved:
-            reorder_slots(cache, torch.argsort(all_slots))
         timings.prefill_s = time.perf_counter() - mark
-        return cache, logits
+        return cache, logits, slot_positions
 
-    def _store_prompt_chunks(self, tokens: np.ndarray, boundaries: list[int], plan: ReusePlan, cache: Any) -> None:
+    def _store_prompt_chunks(
+        self, tokens: np.ndarray, boundaries: list[int], plan: ReusePlan, cache: Any, slot_positions: torch.Tensor
+    ) -> None:
         """Keep the prompt's exactly computed chunks for later EXACT (prefix) hits."""
         exact_end = plan.exact_end
         prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries)
+        slot_of_position = torch.argsort(slot_positions)
         for i, (start, end) in enumerate(zip(boundaries[:-1], boundaries[1:])):
             if end > exact_end or end - start < self.config.chunk_size and end == len(tokens):
                 break  # NOTE: a partial last chunk would never be hit: the next prompt's differs
             if i < plan.exact_chunks:
                 continue
-            keys, values = stacked_kv(cache, start, end)
+            keys, values = gather_slots(cache, slot_of_position[start:end])
             self.store.put(
                 ChunkEntry(
                     tokens=tokens[start:end].copy(),

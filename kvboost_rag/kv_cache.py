@@ -23,18 +23,18 @@ def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
-def stacked_kv(cache: DynamicCache, start: int = 0, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots [start, end) of every layer as fresh (unshared) stacked tensors [L, H, n, D]."""
-    keys = torch.stack([layer.keys[0, :, start:end] for layer in cache.layers])
-    values = torch.stack([layer.values[0, :, start:end] for layer in cache.layers])
+def stacked_kv(cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer's K/V as fresh stacked tensors [L, H, n, D]."""
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
     return keys, values
 
 
-def reorder_slots(cache: DynamicCache, order: torch.Tensor) -> None:
-    """Permute every layer's slots, e.g. into position order after a mixed prefill."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(2, order)
-        layer.values = layer.values.index_select(2, order)
+def gather_slots(cache: DynamicCache, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The given slots of every layer as fresh stacked tensors [L, H, len(slots), D]."""
+    keys = torch.stack([layer.keys[0].index_select(1, slots) for layer in cache.layers])
+    values = torch.stack([layer.values[0].index_select(1, slots) for layer in cache.layers])
+    return keys, values
 
 
 def mixed_attention_mask(

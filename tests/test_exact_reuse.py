@@ -58,3 +58,17 @@ def test_moved_document_keys_match_encoding_at_new_positions(engine: KVBoostRAG,
     scale = keys_s.abs().max().item()
     assert (moved - keys_s).abs().max().item() <= 1e-4 * max(1.0, scale)
     assert (values0 - values_s).abs().max().item() <= 1e-4 * max(1.0, values_s.abs().max().item())
+
+
+def test_chunks_stored_after_a_mixed_prefill_are_exact(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+    """A reuse request stores only what it computed exactly (the head before the first moved
+    document); a later prompt with the same head hits it EXACT with full-prefill logits."""
+    head = "Instructions: read carefully.\n" + "\n".join(passages[20:23]) + "\n"
+    fresh_engine.warm(passages[0])
+    fresh_engine.generate(head + passages[0] + "\nQ1?", mode="reuse", max_new_tokens=2)
+    later = head + "Something new entirely.\nQ2?"
+    exact, plan = fresh_engine.next_token_logits(later, mode="prefix")
+    full, _ = fresh_engine.next_token_logits(later, mode="full")
+    head_tokens = len(fresh_engine.tokenize_prompt(head))
+    assert plan.exact_chunks == head_tokens // fresh_engine.config.chunk_size >= 2
+    assert (exact - full).abs().max().item() <= 1e-3

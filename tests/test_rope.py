@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PhiConfig, Qwen2Config
+from transformers.models.llama.modeling_llama import rotate_half  # the reference, not ours
 
 from kvboost_rag.rope import rerotate_keys
 
@@ -25,8 +26,6 @@ def keys_at(model: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tenso
     k = attention.k_proj(hidden).view(1, hidden.shape[1], -1, head_dim).transpose(1, 2)
     cos, sin = model.model.rotary_emb(hidden, positions.view(1, -1))
     rotary_dim = cos.shape[-1]
-    from kvboost_rag.rope import rotate_half
-
     rotated = k[..., :rotary_dim] * cos.unsqueeze(1) + rotate_half(k[..., :rotary_dim]) * sin.unsqueeze(1)
     return torch.cat([rotated, k[..., rotary_dim:]], dim=-1)[0]
 
