@@ -14,6 +14,7 @@ import json
 import platform
 import random
 import statistics
+from dataclasses import asdict
 import time
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def main() -> None:
         )
         report["k"][str(k)] = entry
         print_row(k, entry)
-    report["store"] = vars(engine.store.stats())
+    report["store"] = asdict(engine.store.stats())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
