@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Mode = Literal["full", "prefix", "reuse"]
@@ -10,6 +10,47 @@ ChunkingStrategy = Literal["fixed", "semantic", "adaptive"]
 
 MODES: tuple[Mode, ...] = ("full", "prefix", "reuse")
 CHUNKING_STRATEGIES: tuple[ChunkingStrategy, ...] = ("fixed", "semantic", "adaptive")
+
+
+RepairStrategy = Literal["none", "boundary", "cacheblend"]
+REPAIR_STRATEGIES: tuple[RepairStrategy, ...] = ("none", "boundary", "cacheblend")
+Deviation = Literal["value", "key"]
+
+
+@dataclass(slots=True, frozen=True)
+class RepairConfig:
+    """`rho`: share of reused tokens CacheBlend recomputes. `min_reused_share`: below this share of
+    moved tokens in a prompt, repair is skipped (little was reused, little can be wrong)."""
+
+    strategy: RepairStrategy = "cacheblend"
+    rho: float = 0.15
+    check_layer: int = 1
+    deviation: Deviation = "value"
+    boundary_tokens: int = 16
+    tail_tokens: int = 0
+    blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
+    min_reused_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in REPAIR_STRATEGIES:
+            raise ValueError(f"repair strategy must be one of {REPAIR_STRATEGIES}, got {self.strategy!r}")
+        if not 0.0 <= self.rho <= 1.0:
+            raise ValueError(f"rho must be in [0, 1], got {self.rho!r}")
+        if self.check_layer < 0:
+            raise ValueError("check_layer must be >= 0")
+        if self.deviation not in ("value", "key"):
+            raise ValueError(f"deviation must be 'value' or 'key', got {self.deviation!r}")
+        if min(self.boundary_tokens, self.tail_tokens, self.blend_boundary_tokens) < 0:
+            raise ValueError("token counts must be >= 0")
+        if not 0.0 <= self.min_reused_share <= 1.0:
+            raise ValueError("min_reused_share must be in [0, 1]")
+
+    def with_strategy(self, strategy: RepairStrategy | RepairConfig | None) -> RepairConfig:
+        if strategy is None:
+            return self
+        if isinstance(strategy, RepairConfig):
+            return strategy
+        return replace(self, strategy=strategy)
 
 
 @dataclass(slots=True)
@@ -28,6 +69,7 @@ class EngineConfig:
     mode: Mode = "reuse"
     memory_budget_bytes: int = 4 * 1024**3
     store_prompt_prefixes: bool = True
+    repair: RepairConfig = field(default_factory=RepairConfig)
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:

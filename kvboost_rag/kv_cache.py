@@ -6,6 +6,8 @@ module turns them into a `DynamicCache`, runs the model, and reads the cache bac
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,3 +84,88 @@ def model_shape(model: Any) -> tuple[int, int, int]:
 
 def rotary_module(model: Any) -> Any:
     return model.base_model.rotary_emb
+
+
+Selector = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class SelectiveCache(DynamicCache):
+    """The cache of a CacheBlend pass over a whole prompt.
+
+    Layers up to `check_layer` see every token and keep their fresh K/V; at `check_layer` the
+    selector picks the token indices to recompute; later layers see only those tokens, whose
+    fresh K/V overwrite the cached ones in the mixed tensors [L, H, N, D] (position order), and
+    attend to the whole mixed K/V.
+    """
+
+    def __init__(self, mixed_keys: torch.Tensor, mixed_values: torch.Tensor, check_layer: int, select: Selector):
+        super().__init__()
+        self.mixed_keys, self.mixed_values = mixed_keys, mixed_values
+        self.check_layer = check_layer
+        self._select = select
+        self.selected: torch.Tensor | None = None
+        self.selected_at: float = 0.0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        if layer_idx <= self.check_layer:
+            if layer_idx == self.check_layer:
+                self.selected = self._select(layer_idx, key_states[0], value_states[0])
+                self.selected_at = time.perf_counter()
+            self.mixed_keys[layer_idx].copy_(key_states[0])
+            self.mixed_values[layer_idx].copy_(value_states[0])
+            return key_states, value_states
+        assert self.selected is not None
+        self.mixed_keys[layer_idx].index_copy_(1, self.selected, key_states[0])
+        self.mixed_values[layer_idx].index_copy_(1, self.selected, value_states[0])
+        return self.mixed_keys[layer_idx].unsqueeze(0), self.mixed_values[layer_idx].unsqueeze(0)
+
+
+@torch.inference_mode()
+def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache) -> torch.Tensor:
+    """One pass over a whole prompt (positions 0..N-1) in which layers after the check layer
+    run only the selected tokens, with an exact position mask; logits of the last token (fp32).
+
+    Generic over decoder families: pre-hooks on the later decoder layers narrow the hidden states
+    and the per-token layer arguments to the selection.
+    """
+    n = input_ids.numel()
+    positions = torch.arange(n, device=input_ids.device)
+    dtype = next(model.parameters()).dtype
+    narrowed: dict[str, Any] = {}
+
+    def narrow(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        selected = cache.selected
+        assert selected is not None
+        if not narrowed:
+            narrowed["mask"] = mixed_attention_mask(positions[selected], positions, dtype)
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        if hidden.shape[1] == n:
+            hidden = hidden.index_select(1, selected)
+        kwargs["attention_mask"] = narrowed["mask"]
+        if kwargs.get("position_embeddings") is not None:
+            kwargs["position_embeddings"] = tuple(t.index_select(1, selected) for t in kwargs["position_embeddings"])
+        if kwargs.get("position_ids") is not None:
+            kwargs["position_ids"] = kwargs["position_ids"].index_select(1, selected)
+        return (hidden, *args[1:]), kwargs
+
+    layers = decoder_layers(model)
+    handles = [layer.register_forward_pre_hook(narrow, with_kwargs=True) for layer in layers[cache.check_layer + 1 :]]
+    try:
+        out = model(
+            input_ids=input_ids.view(1, -1),
+            position_ids=positions.view(1, -1),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out.logits[0, -1].float()
+
+
+def decoder_layers(model: Any) -> Any:
+    layers = getattr(model.base_model, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no base_model.layers: CacheBlend repair cannot run on it")
+    return layers

@@ -15,7 +15,8 @@ class StageTimings:
     tokenize_s: float = 0.0
     lookup_s: float = 0.0
     assemble_s: float = 0.0  # gathering cached KV and re-rotating moved keys
-    prefill_s: float = 0.0  # forward pass over the computed tokens only
+    repair_s: float = 0.0  # CacheBlend: all tokens through the first layers and the selection
+    prefill_s: float = 0.0  # forward pass over the computed (and repaired) tokens
     sample_s: float = 0.0
 
 
@@ -34,8 +35,15 @@ class GenerationResult:
     exact_chunks: int
     approximate_chunks: int
     missed_chunks: int
+    repair_strategy: str = "none"
+    repair_tokens: int = 0  # reused tokens recomputed by the repair (a subset of the reused ones)
     timings: StageTimings = field(default_factory=StageTimings)
     token_ids: list[int] = field(default_factory=list)
+    first_logits: Any = None  # fp32 logits of the first token, when asked for
+
+    @property
+    def repair_share(self) -> float:
+        return self.repair_tokens / self.reused_approximate_tokens if self.reused_approximate_tokens else 0.0
 
     @property
     def reused_tokens(self) -> int:
@@ -53,7 +61,13 @@ class GenerationResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(reuse_share=self.reuse_share, tokens_per_s=self.tokens_per_s, reused_tokens=self.reused_tokens)
+        data.pop("first_logits")
+        data.update(
+            reuse_share=self.reuse_share,
+            repair_share=self.repair_share,
+            tokens_per_s=self.tokens_per_s,
+            reused_tokens=self.reused_tokens,
+        )
         return data
 
 

@@ -1,0 +1,113 @@
+"""Repair: exact masks, rho = 1 equivalence, deviation-guided selection, boundary plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvboost_rag import KVBoostRAG
+from kvboost_rag.config import RepairConfig
+from kvboost_rag.kv_cache import mixed_attention_mask
+from kvboost_rag.matching import ReusePlan, Segment
+from kvboost_rag.prompting import rag_messages
+from kvboost_rag.repair import boundary_positions, reused_runs, select_for_recompute, with_recomputed
+
+
+def test_mask_never_lets_a_token_see_a_later_position() -> None:
+    generator = torch.Generator().manual_seed(0)
+    slots = torch.randperm(200, generator=generator)  # slots in any order
+    queries = torch.sort(slots[torch.randperm(200, generator=generator)[:37]]).values
+    mask = mixed_attention_mask(queries, slots, torch.float32)[0, 0]
+    visible = mask == 0
+    for i, q in enumerate(queries.tolist()):
+        assert set(slots[visible[i]].tolist()) == set(range(q + 1))
+    assert torch.all(mask[~visible] == torch.finfo(torch.float32).min)
+
+
+def test_selection_picks_the_largest_deviations() -> None:
+    cached = torch.zeros(2, 10, 4)
+    fresh = cached.clone()
+    for position, size in [(2, 5.0), (7, 3.0), (4, 1.0), (9, 9.0)]:
+        fresh[:, position] = size
+    candidates = torch.ones(10, dtype=torch.bool)
+    candidates[9] = False  # not reused: only the caller's forced set decides it
+    forced = torch.zeros(10, dtype=torch.bool)
+    forced[0] = True
+    picked = select_for_recompute(fresh, cached, candidates, forced, rho=0.2)  # ceil(0.2 * 9) = 2
+    assert picked.tolist() == [0, 2, 7]
+    assert select_for_recompute(fresh, cached, candidates, forced, rho=1.0).tolist() == list(range(9))
+
+
+def _plan() -> ReusePlan:
+    entry = type("E", (), {"next_chunk": None, "content_hash": b"x", "__len__": lambda self: 100})()
+    segments = [
+        Segment(0, 10, "computed"),
+        Segment(10, 60, "approximate", entry, 0),
+        Segment(60, 62, "computed"),
+        Segment(62, 100, "approximate", entry, 5),
+        Segment(100, 110, "computed"),
+    ]
+    return ReusePlan(segments, prompt_chunks=1, exact_chunks=0, approximate_chunks=1)
+
+
+def test_boundary_recompute_takes_the_head_and_tail_of_each_run() -> None:
+    plan = _plan()
+    assert reused_runs(plan) == [(10, 60), (62, 100)]
+    positions = boundary_positions(plan, head=4, tail=2)
+    assert positions == {10, 11, 12, 13, 58, 59, 62, 63, 64, 65, 98, 99}
+    repaired = with_recomputed(plan, positions)
+    assert repaired.tokens("approximate") == plan.tokens("approximate") - len(positions)
+    assert sum(len(s) for s in repaired.segments) == 110
+    middle = next(s for s in repaired.segments if s.kind == "approximate" and s.start == 66)
+    assert middle.offset == 5 + 4, "the entry offset follows the cut"
+
+
+@pytest.fixture()
+def shuffled_prompt(fresh_engine: KVBoostRAG, passages: list[str]) -> list[dict[str, str]]:
+    documents = passages[30:34]
+    fresh_engine.warm(documents)
+    return rag_messages("Which of these happened first?", documents[::-1])
+
+
+def test_cacheblend_rho_one_equals_full_prefill(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    full, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="full")
+    for deviation in ("value", "key"):
+        repaired, plan = fresh_engine.next_token_logits(
+            shuffled_prompt, mode="reuse", repair=RepairConfig(strategy="cacheblend", rho=1.0, deviation=deviation)
+        )
+        assert plan.tokens("approximate") > 300
+        assert (repaired - full).abs().max().item() <= 1e-3
+
+
+def test_boundary_recomputing_everything_equals_full_prefill(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    full, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="full")
+    repaired, _ = fresh_engine.next_token_logits(
+        shuffled_prompt, mode="reuse", repair=RepairConfig(strategy="boundary", boundary_tokens=10_000)
+    )
+    assert (repaired - full).abs().max().item() <= 1e-3
+
+
+def test_repair_moves_logits_toward_full_prefill(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    full, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="full")
+    log_full = torch.log_softmax(full, -1)
+
+    def kl(repair: RepairConfig) -> float:
+        logits, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
+        return torch.sum(log_full.exp() * (log_full - torch.log_softmax(logits, -1))).item()
+
+    none = kl(RepairConfig(strategy="none"))
+    assert kl(RepairConfig(strategy="cacheblend", rho=0.5)) < none
+    assert kl(RepairConfig(strategy="boundary", boundary_tokens=32)) < none
+
+
+def test_result_reports_repair(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    result = fresh_engine.generate(shuffled_prompt, max_new_tokens=1, repair=RepairConfig(rho=0.15))
+    assert result.repair_strategy == "cacheblend"
+    expected = np.ceil(0.15 * result.reused_approximate_tokens)
+    assert result.repair_tokens == expected
+    assert result.timings.repair_s > 0 and result.ttft_s >= result.timings.repair_s + result.timings.prefill_s
+    skipped = fresh_engine.generate(shuffled_prompt, max_new_tokens=1, repair=RepairConfig(min_reused_share=0.99))
+    assert skipped.repair_tokens == 0 and skipped.timings.repair_s == 0
+    with pytest.raises(ValueError, match="rho"):
+        RepairConfig(rho=1.5)
