@@ -25,7 +25,7 @@ class RepairConfig:
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
     check_layer: int = 1
-    deviation: Deviation = "value"
+    deviation: Deviation = "key"
     boundary_tokens: int = 16
     tail_tokens: int = 0
     blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
@@ -70,6 +70,9 @@ class EngineConfig:
     memory_budget_bytes: int = 4 * 1024**3
     store_prompt_prefixes: bool = True
     repair: RepairConfig = field(default_factory=RepairConfig)
+    # Text encoded before every warmed document (its KV is not kept), so a document's first
+    # tokens do not become an attention sink; "" encodes each document alone from position 0.
+    warm_prefix: str = ""
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:

@@ -16,13 +16,14 @@ from .chunk_store import ChunkEntry, ChunkStore
 from .chunking import chunk_boundaries
 from .config import MODES, EngineConfig, Mode, RepairConfig, RepairStrategy
 from .fingerprint import model_fingerprint
-from .hashing import chained_prefix_hashes, content_hash, document_hash
+from .hashing import chained_prefix_hashes, content_hash, document_hash, fingerprint_from_parts
 from .kv_cache import (
     SelectiveCache,
     forward_last_logits,
     gather_slots,
     make_cache,
     mixed_attention_mask,
+    model_shape,
     rotary_module,
     selective_forward,
     stacked_kv,
@@ -96,6 +97,16 @@ class KVBoostRAG:
         first_param = next(model.parameters())
         self.device, self.dtype = first_param.device, first_param.dtype
         self.fingerprint = model_fingerprint(model, tokenizer, self.dtype)
+        prefix = self.config.warm_prefix
+        self._warm_prefix_tokens = np.asarray(tokenizer(prefix).input_ids if prefix else [], dtype=np.int64)
+        # Warmed chunks depend on the warm prefix too: their keys say which one.
+        self.document_fingerprint = (
+            fingerprint_from_parts([self.fingerprint, b"warm-prefix", self._warm_prefix_tokens.tobytes()])
+            if prefix
+            else self.fingerprint
+        )
+        self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._prefix_lock = threading.Lock()
         text_config = model.config.get_text_config(decoder=True)
         self.max_context: int = int(getattr(text_config, "max_position_embeddings", 0) or 2**31 - 1)
         self._rotary = rotary_module(model) if reuse_supported else None
@@ -144,7 +155,7 @@ class KVBoostRAG:
         tokenized = [self._document_tokens(i, text) for i, text in enumerate(texts)]
         report = WarmReport(documents=len(texts))
         for tokens in tokenized:
-            doc_key = document_hash(self.fingerprint, tokens)
+            doc_key = document_hash(self.document_fingerprint, tokens)
             if self.store.has_document(doc_key):
                 report.skipped_documents += 1
                 continue
@@ -164,29 +175,52 @@ class KVBoostRAG:
         return tokens
 
     def _encode_document(self, doc_key: bytes, tokens: np.ndarray) -> int:
-        cache = make_cache()
+        """One pass over the document after the warm prefix; the prefix's own KV is not kept."""
+        prefix_keys, prefix_values = self._warm_prefix_kv()
+        start = prefix_keys.shape[2]
+        cache = make_cache(prefix_keys, prefix_values)
         ids = torch.from_numpy(tokens).to(self.device)
         with self._model_lock:
-            forward_last_logits(self.model, ids, torch.arange(len(tokens), device=self.device), cache)
+            forward_last_logits(self.model, ids, torch.arange(start, start + len(tokens), device=self.device), cache)
         keys, values = stacked_kv(cache)
         boundaries = self._boundaries(tokens)
-        prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries)
-        contents = [content_hash(self.fingerprint, tokens[s:e]) for s, e in zip(boundaries[:-1], boundaries[1:])]
+        # NOTE: after a warm prefix the chunks' context is not the document alone, so they are
+        # APPROXIMATE candidates only; without one, a prompt starting with the document hits EXACT.
+        prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries) if start == 0 else None
+        fingerprint = self.document_fingerprint
+        contents = [content_hash(fingerprint, tokens[s:e]) for s, e in zip(boundaries[:-1], boundaries[1:])]
         stored = 0
-        for i, (start, end) in enumerate(zip(boundaries[:-1], boundaries[1:])):
+        for i, (chunk_start, chunk_end) in enumerate(zip(boundaries[:-1], boundaries[1:])):
             entry = ChunkEntry(
-                tokens=tokens[start:end].copy(),
-                keys=keys[:, :, start:end].clone(),  # NOTE: clone, or a chunk pins its whole document
-                values=values[:, :, start:end].clone(),
-                base_position=start,
-                fingerprint=self.fingerprint,
+                tokens=tokens[chunk_start:chunk_end].copy(),
+                # NOTE: clone, or a chunk pins its whole document
+                keys=keys[:, :, start + chunk_start : start + chunk_end].clone(),
+                values=values[:, :, start + chunk_start : start + chunk_end].clone(),
+                base_position=start + chunk_start,
+                fingerprint=fingerprint,
                 content_hash=contents[i],
-                prefix_hash=prefixes[i],
+                prefix_hash=prefixes[i] if prefixes else None,
                 next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
             )
             stored += self.store.put(entry)
         self.store.add_document(doc_key, contents)
         return stored
+
+    def _warm_prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV of the warm prefix, computed once."""
+        with self._prefix_lock:
+            if self._prefix_kv is None:
+                cache = make_cache()
+                if len(self._warm_prefix_tokens):
+                    ids = torch.from_numpy(self._warm_prefix_tokens).to(self.device)
+                    with self._model_lock:
+                        forward_last_logits(self.model, ids, torch.arange(len(ids), device=self.device), cache)
+                    self._prefix_kv = stacked_kv(cache)
+                else:
+                    layers, heads, head_dim = model_shape(self.model)
+                    empty = torch.empty(layers, heads, 0, head_dim, dtype=self.dtype, device=self.device)
+                    self._prefix_kv = (empty, empty)
+            return self._prefix_kv
 
     # generation --------------------------------------------------------------------------
     def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
@@ -239,7 +273,9 @@ class KVBoostRAG:
         """fp32 logits of the first new token and how the prompt was served; stores nothing."""
         mode = self._check_mode(mode)
         tokens = self.tokenize_prompt(prompt)
-        plan = plan_reuse(tokens, self._boundaries(tokens), self.store, self.fingerprint, mode)
+        plan = plan_reuse(
+            tokens, self._boundaries(tokens), self.store, self.fingerprint, self.document_fingerprint, mode
+        )
         prefill = self._prefill(tokens, plan, StageTimings(), self.config.repair.with_strategy(repair))
         return prefill.logits, plan
 
@@ -278,7 +314,7 @@ class KVBoostRAG:
         timings = StageTimings(tokenize_s=tokenize_s)
         mark = time.perf_counter()
         boundaries = self._boundaries(tokens)
-        plan = plan_reuse(tokens, boundaries, self.store, self.fingerprint, mode)
+        plan = plan_reuse(tokens, boundaries, self.store, self.fingerprint, self.document_fingerprint, mode)
         timings.lookup_s, mark = time.perf_counter() - mark, time.perf_counter()
         prefill = self._prefill(tokens, plan, timings, repair)
         cache, logits = prefill.cache, prefill.logits

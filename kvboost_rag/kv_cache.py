@@ -12,13 +12,24 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 def make_cache(keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> DynamicCache:
-    """A cache holding stacked K/V [L, H, n, D] (or empty)."""
+    """A cache over stacked K/V [L, H, n, D] (or empty), without copying them.
+
+    NOTE: the layers take views of the given tensors; the model's appends allocate new ones, so
+    the tensors passed in are never written.
+    """
     if keys is None or values is None or keys.shape[2] == 0:
         return DynamicCache()
-    return DynamicCache([(keys[i].unsqueeze(0), values[i].unsqueeze(0)) for i in range(keys.shape[0])])
+    cache = DynamicCache()
+    for i in range(keys.shape[0]):
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys[i : i + 1], values[i : i + 1])
+        layer.keys, layer.values = keys[i : i + 1], values[i : i + 1]
+        cache.layers.append(layer)
+    return cache
 
 
 def cache_length(cache: DynamicCache) -> int:

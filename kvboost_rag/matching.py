@@ -61,6 +61,7 @@ def plan_reuse(
     boundaries: Sequence[int],
     store: ChunkStore | None,
     fingerprint: Fingerprint,
+    document_fingerprint: Fingerprint,
     mode: Mode,
 ) -> ReusePlan:
     """The segments covering all of `tokens`; the last token is always computed (its logits)."""
@@ -71,7 +72,7 @@ def plan_reuse(
         cached, exact_chunks = _exact_segments(tokens, boundaries, store, fingerprint)
         if mode == "reuse":
             start = cached[-1].end if cached else 0
-            cached += _approximate_segments(tokens, start, store, fingerprint)
+            cached += _approximate_segments(tokens, start, store, document_fingerprint)
     cached = _leave_last_token(cached, n)
     segments = _fill_gaps(cached, n)
     # Approximate runs start at or after the last exact chunk's end, so no chunk counts twice.

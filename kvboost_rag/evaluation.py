@@ -1,0 +1,182 @@
+"""NaturalQuestions-style accuracy eval: does reuse cost accuracy, and how much time does it save?
+
+Every variant answers the same prompts as full prefill (same passages, same shuffled order,
+greedy), so quality is measured against full prefill directly (first-token agreement and KL,
+whole-answer agreement) and against the gold answers (EM, F1), with paired EM differences.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from .config import Mode, RepairConfig
+from .engine import KVBoostRAG
+from .metrics import best_subspan_em, token_f1
+from .prompting import SYSTEM
+from .qa_dataset import QAExample
+from .result import GenerationResult
+
+DEFAULT_TEMPLATE = "Documents:\n\n{documents}\n\nQuestion: {question}\nAnswer:"
+
+
+@dataclass(slots=True, frozen=True)
+class Variant:
+    name: str
+    mode: Mode
+    repair: RepairConfig | None = None
+
+
+def standard_variants(base: RepairConfig) -> list[Variant]:
+    """full, then reuse with each repair: none, boundary, cacheblend (the engine's settings)."""
+    return [
+        Variant("full", "full"),
+        Variant("none", "reuse", RepairConfig(strategy="none")),
+        Variant("boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens)),
+        Variant("cacheblend", "reuse", base if base.strategy == "cacheblend" else RepairConfig()),
+    ]
+
+
+def rho_variants(base: RepairConfig, rhos: Iterable[float]) -> list[Variant]:
+    cacheblend = base if base.strategy == "cacheblend" else RepairConfig()
+    return [Variant(f"cacheblend@{rho:g}", "reuse", replace(cacheblend, rho=rho)) for rho in rhos]
+
+
+@dataclass(slots=True)
+class Record:
+    """One variant's answer to one question."""
+
+    question: int
+    em: float
+    f1: float
+    ttft_s: float
+    reuse_share: float
+    repair_share: float
+    first_token_agrees: bool
+    answer_agrees: bool
+    first_token_kl: float
+    text: str
+
+
+@dataclass(slots=True)
+class EvalReport:
+    settings: dict[str, Any]
+    records: dict[str, list[Record]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        full_by_question = {r.question: r for r in self.records.get("full", [])}
+        full_median = statistics.median(r.ttft_s for r in full_by_question.values()) if full_by_question else math.nan
+        table: dict[str, dict[str, float]] = {}
+        for name, records in self.records.items():
+            ttft = [r.ttft_s for r in records]
+            diffs = [r.em - full_by_question[r.question].em for r in records if r.question in full_by_question]
+            low, high = paired_ci(diffs)
+            table[name] = {
+                "questions": len(records),
+                "em": statistics.fmean(r.em for r in records),
+                "f1": statistics.fmean(r.f1 for r in records),
+                "em_diff_vs_full": statistics.fmean(diffs) if diffs else math.nan,
+                "em_diff_ci95_low": low,
+                "em_diff_ci95_high": high,
+                "first_token_agreement": statistics.fmean(r.first_token_agrees for r in records),
+                "answer_agreement": statistics.fmean(r.answer_agrees for r in records),
+                "first_token_kl_mean": statistics.fmean(r.first_token_kl for r in records),
+                "ttft_median_s": statistics.median(ttft),
+                "ttft_mean_s": statistics.fmean(ttft),
+                "ttft_ratio_vs_full": statistics.median(ttft) / full_median,
+                "reuse_share": statistics.fmean(r.reuse_share for r in records),
+                "repair_share": statistics.fmean(r.repair_share for r in records),
+            }
+        return table
+
+
+def paired_ci(diffs: list[float]) -> tuple[float, float]:
+    """95% normal-approximation interval of the mean of paired differences."""
+    if len(diffs) < 2:
+        return math.nan, math.nan
+    mean = statistics.fmean(diffs)
+    half = 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return mean - half, mean + half
+
+
+def first_token_kl(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """KL(reference || other) of the first-token distributions."""
+    log_p, log_q = torch.log_softmax(reference.float(), -1), torch.log_softmax(other.float(), -1)
+    return float(torch.sum(log_p.exp() * (log_p - log_q)))
+
+
+def build_messages(question: str, documents: list[str], template: str, chat: bool) -> Any:
+    user = template.format(documents="\n\n".join(documents), question=question)
+    if not chat:
+        return user
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def run_eval(
+    engine: KVBoostRAG,
+    examples: list[QAExample],
+    passages_for: Callable[[int], list[str]],
+    variants: list[Variant],
+    *,
+    sweep: list[Variant] | None = None,
+    sweep_questions: int = 0,
+    seed: int = 0,
+    template: str = DEFAULT_TEMPLATE,
+    chat: bool = True,
+    max_new_tokens: int = 32,
+    progress: Callable[[Iterable[int]], Iterable[int]] = lambda it: it,
+    settings: dict[str, Any] | None = None,
+) -> EvalReport:
+    """Answer every example with every variant; `passages_for(i)` gives example i's documents."""
+    if not variants or variants[0].mode != "full":
+        raise ValueError("the first variant must be full prefill: every other is measured against it")
+    report = EvalReport(settings=dict(settings or {}))
+    engine.generate("Warm-up.", max_new_tokens=1, mode="full")
+    for i in progress(range(len(examples))):
+        example = examples[i]
+        documents = passages_for(i)
+        engine.warm(documents)
+        random.Random(f"{seed}:{i}").shuffle(documents)
+        prompt = build_messages(example.question, documents, template, chat)
+        todo = variants[1:] + (sweep or [] if i < sweep_questions else [])
+        reference = _answer(engine, prompt, variants[0], max_new_tokens)
+        results = {variants[0].name: reference}
+        shift = i % max(len(todo), 1)
+        for variant in todo[shift:] + todo[:shift]:  # rotate the order: none always runs first
+            results[variant.name] = _answer(engine, prompt, variant, max_new_tokens)
+        for name, result in results.items():
+            report.records.setdefault(name, []).append(_record(i, example, result, reference))
+    return report
+
+
+def _answer(engine: KVBoostRAG, prompt: Any, variant: Variant, max_new_tokens: int) -> GenerationResult:
+    return engine.generate(
+        prompt,
+        mode=variant.mode,
+        repair=variant.repair,
+        max_new_tokens=max_new_tokens,
+        stop=["\n"],
+        store_prompt=False,  # each variant sees only the warmed documents, never another's prompt
+        return_first_logits=True,
+    )
+
+
+def _record(i: int, example: QAExample, result: GenerationResult, reference: GenerationResult) -> Record:
+    return Record(
+        question=i,
+        em=best_subspan_em(result.text, example.answers),
+        f1=token_f1(result.text, example.answers),
+        ttft_s=result.ttft_s,
+        reuse_share=result.reuse_share,
+        repair_share=result.repair_share,
+        first_token_agrees=result.token_ids[:1] == reference.token_ids[:1],
+        answer_agrees=result.text.strip() == reference.text.strip(),
+        first_token_kl=first_token_kl(reference.first_logits, result.first_logits),
+        text=result.text,
+    )
