@@ -15,12 +15,11 @@ import platform
 import random
 import statistics
 from dataclasses import asdict
-import time
 from pathlib import Path
 
 import torch
 
-from kvboost_rag import ChunkStore, EngineConfig, KVBoostRAG
+from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.prompting import rag_messages
 from kvboost_rag.qa_dataset import corpus, load_qa
 from kvboost_rag.retrieval import PassageIndex
@@ -49,7 +48,9 @@ def main() -> None:
     config = EngineConfig(memory_budget_bytes=12 * 1024**3)
     engine = KVBoostRAG.from_pretrained(dtype=args.dtype, config=config)
     # Prefix caching gets a store of its own that only ever holds earlier prompts, as in vLLM.
-    prefix_engine = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=4 * 1024**3, mode="prefix"))
+    prefix_engine = KVBoostRAG(
+        engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=4 * 1024**3, mode="prefix")
+    )
     engines = {"full": engine, "prefix": prefix_engine, "reuse": engine}
 
     documents = list(dict.fromkeys(p.as_document() for row in retrieved for p in row))
@@ -59,8 +60,13 @@ def main() -> None:
         engines[mode].generate(rag_messages("warm-up?", documents[:2]), mode=mode, max_new_tokens=1, store_prompt=False)
 
     report: dict = {
-        "model": engine.name, "dtype": str(engine.dtype), "device": str(engine.device), "questions": args.questions,
-        "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(), "k": {},
+        "model": engine.name,
+        "dtype": str(engine.dtype),
+        "device": str(engine.device),
+        "questions": args.questions,
+        "torch_threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "k": {},
     }
     rng = random.Random(args.seed)
     for k in args.k:
@@ -73,8 +79,10 @@ def main() -> None:
                 rows[mode].append(engines[mode].generate(messages, mode=mode, max_new_tokens=1))
         full, prefix, reuse = (rows[m] for m in MODES)
         entry = {
-            mode: {"ttft_s": summarize([r.ttft_s for r in rows[mode]]),
-                   "reuse_share": summarize([r.reuse_share for r in rows[mode]])}
+            mode: {
+                "ttft_s": summarize([r.ttft_s for r in rows[mode]]),
+                "reuse_share": summarize([r.reuse_share for r in rows[mode]]),
+            }
             for mode in MODES
         }
         entry["prompt_tokens"] = summarize([r.prompt_tokens for r in full])
@@ -106,9 +114,13 @@ def print_row(k: int, entry: dict) -> None:
     for mode in MODES:
         t = entry[mode]["ttft_s"]
         speed = entry["speedup_median"].get(mode, 1.0)
-        print(f"  {mode:7} {ms(t['median']):>9} {ms(t['mean']):>9} {speed:7.2f}x {entry[mode]['reuse_share']['mean']:7.0%}")
-    print(f"  floor   {ms(entry['reuse_floor_s']['median']):>9} {ms(entry['reuse_floor_s']['mean']):>9}"
-          f"   (uncached tokens only, given a ready cache)")
+        print(
+            f"  {mode:7} {ms(t['median']):>9} {ms(t['mean']):>9} {speed:7.2f}x {entry[mode]['reuse_share']['mean']:7.0%}"
+        )
+    print(
+        f"  floor   {ms(entry['reuse_floor_s']['median']):>9} {ms(entry['reuse_floor_s']['mean']):>9}"
+        f"   (uncached tokens only, given a ready cache)"
+    )
     print(f"  reuse stages (median s): {json.dumps({k: round(v, 4) for k, v in entry['reuse_stages_s'].items()})}")
     print(f"  first-token agreement, reuse vs full: {entry['first_token_agreement_reuse_vs_full']:.0%}")
 

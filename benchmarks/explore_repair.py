@@ -56,8 +56,13 @@ def main() -> None:
     names = args.only or list(SETTINGS)
     variants = [Variant("full", "full")] + [Variant(n, "reuse", SETTINGS[n]) for n in names]
     report = run_eval(
-        engine, chosen, lambda i: [p.as_document() for p in retrieved[i]], variants, max_new_tokens=1,
-        progress=lambda it: tqdm(it, unit="q"), settings={"questions": args.questions, "k": args.k, "warm_prefix": engine.config.warm_prefix},
+        engine,
+        chosen,
+        lambda i: [p.as_document() for p in retrieved[i]],
+        variants,
+        max_new_tokens=1,
+        progress=lambda it: tqdm(it, unit="q"),
+        settings={"questions": args.questions, "k": args.k, "warm_prefix": engine.config.warm_prefix},
     )
     print(format_table(report))
     args.out.write_text(json.dumps({"settings": report.settings, "summary": report.summary()}, indent=1))

@@ -25,7 +25,7 @@ def main() -> None:
 
     examples = load_qa(limit=args.questions)
     passages = [e.passages[0].as_document() for e in examples]
-    print(f"Loading the embedded default model ...")
+    print("Loading the embedded default model ...")
     engine = KVBoostRAG.from_pretrained(dtype=args.dtype)
     report = engine.warm(passages)
     print(f"Warmed {report.documents} passages ({report.tokens_encoded} tokens) in {report.seconds:.2f} s\n")

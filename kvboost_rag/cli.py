@@ -29,15 +29,23 @@ def eval_command(
     k: Annotated[int, typer.Option(help="passages per prompt")] = 5,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
-    variants: Annotated[str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend")] = "full,none,boundary,cacheblend",
-    rho_sweep: Annotated[str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")] = "0.05,0.3,0.5",
+    variants: Annotated[
+        str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend")
+    ] = "full,none,boundary,cacheblend",
+    rho_sweep: Annotated[
+        str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
+    ] = "0.05,0.3,0.5",
     sweep_limit: Annotated[int, typer.Option(help="questions for the rho sweep")] = 200,
     rho: Annotated[float | None, typer.Option(help="CacheBlend rho (default: the engine's)")] = None,
     check_layer: Annotated[int | None, typer.Option(help="CacheBlend check layer")] = None,
     deviation: Annotated[str | None, typer.Option(help="CacheBlend deviation: value or key")] = None,
     boundary_tokens: Annotated[int | None, typer.Option(help="tokens recomputed at each run start (boundary)")] = None,
-    blend_boundary_tokens: Annotated[int | None, typer.Option(help="run-start tokens CacheBlend always recomputes")] = None,
-    template: Annotated[str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")] = None,
+    blend_boundary_tokens: Annotated[
+        int | None, typer.Option(help="run-start tokens CacheBlend always recomputes")
+    ] = None,
+    template: Annotated[
+        str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")
+    ] = None,
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = True,
     max_new_tokens: Annotated[int, typer.Option()] = 32,
     model: Annotated[str | None, typer.Option(help="model name, folder or GGUF; default the embedded one")] = None,
@@ -64,7 +72,10 @@ def eval_command(
     changes = {
         name: value
         for name, value in dict(
-            rho=rho, check_layer=check_layer, deviation=deviation, boundary_tokens=boundary_tokens,
+            rho=rho,
+            check_layer=check_layer,
+            deviation=deviation,
+            boundary_tokens=boundary_tokens,
             blend_boundary_tokens=blend_boundary_tokens,
         ).items()
         if value is not None
@@ -92,14 +103,31 @@ def eval_command(
         if "{documents}" not in template_text or "{question}" not in template_text:
             raise typer.BadParameter("the template needs {documents} and {question}")
     settings = dict(
-        data=str(path.name), questions=len(chosen), k=k, retrieval="ctxs" if use_ctxs else "faiss", seed=seed,
-        model=engine.name, dtype=str(engine.dtype), repair=str(base), sweep_questions=min(sweep_limit, len(chosen)),
-        max_new_tokens=max_new_tokens, chat=chat,
+        data=str(path.name),
+        questions=len(chosen),
+        k=k,
+        retrieval="ctxs" if use_ctxs else "faiss",
+        seed=seed,
+        model=engine.name,
+        dtype=str(engine.dtype),
+        repair=str(base),
+        sweep_questions=min(sweep_limit, len(chosen)),
+        max_new_tokens=max_new_tokens,
+        chat=chat,
     )
     report = run_eval(
-        engine, chosen, passages_for, chosen_variants, sweep=sweep, sweep_questions=sweep_limit, seed=seed,
-        template=template_text, chat=chat, max_new_tokens=max_new_tokens,
-        progress=lambda it: tqdm(it, desc=f"eval k={k}", unit="q"), settings=settings,
+        engine,
+        chosen,
+        passages_for,
+        chosen_variants,
+        sweep=sweep,
+        sweep_questions=sweep_limit,
+        seed=seed,
+        template=template_text,
+        chat=chat,
+        max_new_tokens=max_new_tokens,
+        progress=lambda it: tqdm(it, desc=f"eval k={k}", unit="q"),
+        settings=settings,
     )
     typer.echo(format_table(report))
     paths = write(report, out, f"eval_k{k}_n{len(chosen)}")

@@ -6,7 +6,6 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,34 +17,20 @@ from .config import MODES, EngineConfig, Mode, RepairConfig, RepairStrategy
 from .fingerprint import model_fingerprint
 from .hashing import chained_prefix_hashes, content_hash, document_hash, fingerprint_from_parts
 from .kv_cache import (
-    SelectiveCache,
     forward_last_logits,
     gather_slots,
     make_cache,
-    mixed_attention_mask,
     model_shape,
     rotary_module,
-    selective_forward,
     stacked_kv,
 )
 from .matching import ReusePlan, plan_reuse
 from .model_loader import load_model, resolve_dtype
+from .prefill import PrefillRunner
 from .result import GenerationResult, StageTimings, WarmReport
-from .repair import boundary_positions, select_for_recompute, with_recomputed
-from .rope import rerotate_keys
 from .sampling import SamplingParams, held_back, sample_token
 
 Prompt = str | Sequence[dict[str, str]]
-
-
-@dataclass(slots=True)
-class Prefill:
-    """A prompt's cache after prefill, its last logits, and each cache slot's position."""
-
-    cache: Any
-    logits: torch.Tensor
-    slot_positions: torch.Tensor
-    repair_tokens: int = 0
 
 
 class PromptTooLongError(ValueError):
@@ -109,8 +94,8 @@ class KVBoostRAG:
         self._prefix_lock = threading.Lock()
         text_config = model.config.get_text_config(decoder=True)
         self.max_context: int = int(getattr(text_config, "max_position_embeddings", 0) or 2**31 - 1)
-        self._rotary = rotary_module(model) if reuse_supported else None
         self._model_lock = threading.Lock()
+        self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._model_lock)
         self._token_texts: dict[int, str] = {}
         self._stop_ids = _eos_ids(model, tokenizer)
 
@@ -171,7 +156,9 @@ class KVBoostRAG:
         if len(tokens) == 0:
             raise ValueError(f"document {index} is empty")
         if len(tokens) > self.max_context:
-            raise ValueError(f"document {index} has {len(tokens)} tokens, over the context window of {self.max_context}")
+            raise ValueError(
+                f"document {index} has {len(tokens)} tokens, over the context window of {self.max_context}"
+            )
         return tokens
 
     def _encode_document(self, doc_key: bytes, tokens: np.ndarray) -> int:
@@ -263,7 +250,14 @@ class KVBoostRAG:
             )
         store_prompt = self.config.store_prompt_prefixes if store_prompt is None else store_prompt
         steps = self._run(
-            tokens, params, mode, repair_config, store_prompt and mode != "full", return_first_logits, started, tokenize_s
+            tokens,
+            params,
+            mode,
+            repair_config,
+            store_prompt and mode != "full",
+            return_first_logits,
+            started,
+            tokenize_s,
         )
         return GenerationStream(steps)
 
@@ -276,7 +270,7 @@ class KVBoostRAG:
         plan = plan_reuse(
             tokens, self._boundaries(tokens), self.store, self.fingerprint, self.document_fingerprint, mode
         )
-        prefill = self._prefill(tokens, plan, StageTimings(), self.config.repair.with_strategy(repair))
+        prefill = self._prefill.run(tokens, plan, StageTimings(), self.config.repair.with_strategy(repair))
         return prefill.logits, plan
 
     def tokenize_prompt(self, prompt: Prompt) -> np.ndarray:
@@ -316,7 +310,7 @@ class KVBoostRAG:
         boundaries = self._boundaries(tokens)
         plan = plan_reuse(tokens, boundaries, self.store, self.fingerprint, self.document_fingerprint, mode)
         timings.lookup_s, mark = time.perf_counter() - mark, time.perf_counter()
-        prefill = self._prefill(tokens, plan, timings, repair)
+        prefill = self._prefill.run(tokens, plan, timings, repair)
         cache, logits = prefill.cache, prefill.logits
         first_logits = logits.cpu() if return_first_logits else None
         mark = time.perf_counter()
@@ -347,9 +341,7 @@ class KVBoostRAG:
                 break
             position = torch.tensor([len(tokens) + len(generated) - 1], device=self.device)
             with self._model_lock:
-                logits = forward_last_logits(
-                    self.model, torch.tensor([token], device=self.device), position, cache
-                )
+                logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)
         if len(text) > emitted:
             yield text[emitted:]
         if store_prompt:
@@ -374,88 +366,6 @@ class KVBoostRAG:
             token_ids=generated,
             first_logits=first_logits,
         )
-
-    def _prefill(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
-        """Assemble the cached KV at its new positions, repair it, compute every other token."""
-        moved = plan.tokens("approximate")
-        if moved and moved / len(tokens) >= repair.min_reused_share and self._rotary is not None:
-            if repair.strategy == "cacheblend":
-                return self._blend_prefill(tokens, plan, timings, repair)
-            if repair.strategy == "boundary":
-                recompute = boundary_positions(plan, repair.boundary_tokens, repair.tail_tokens)
-                prefill = self._plain_prefill(tokens, with_recomputed(plan, recompute), timings)
-                prefill.repair_tokens = len(recompute)
-                # NOTE: one pass computes repaired and uncached tokens together; repair_s is the
-                # share of that pass's time that its tokens take.
-                timings.repair_s = timings.prefill_s * len(recompute) / (plan.tokens("computed") + len(recompute))
-                return prefill
-        return self._plain_prefill(tokens, plan, timings)
-
-    def _assemble(self, plan: ReusePlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Cached K/V [L, H, n, D] of the plan's reused segments, keys moved to their new
-        positions, and those positions."""
-        cached = [s for s in plan.segments if s.kind != "computed"]
-        keys = torch.cat([s.entry.keys[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
-        values = torch.cat([s.entry.values[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
-        positions = _positions(cached, self.device)
-        source = torch.cat([torch.arange(len(s), device=self.device) + s.entry.base_position + s.offset for s in cached])
-        if self._rotary is not None:
-            keys = rerotate_keys(keys, positions - source, self._rotary)
-        return keys.to(self.device), values.to(self.device), positions
-
-    def _plain_prefill(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings) -> Prefill:
-        """Cached KV first in the cache, then one pass over the uncached tokens at their true
-        positions. Slots stay cached-first: decoding attends to every slot whatever its order,
-        so no reordering is paid before the first token."""
-        mark = time.perf_counter()
-        query_positions = _positions([s for s in plan.segments if s.kind == "computed"], self.device)
-        mask = None
-        if any(s.kind != "computed" for s in plan.segments):
-            keys, values, cached_positions = self._assemble(plan)
-            cache = make_cache(keys, values)
-            slot_positions = torch.cat([cached_positions, query_positions])
-            if cached_positions[-1] > query_positions[0]:  # interleaved: the plain causal mask would be wrong
-                mask = mixed_attention_mask(query_positions, slot_positions, self.dtype)
-        else:
-            cache, slot_positions = make_cache(), query_positions
-        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
-
-        ids = torch.from_numpy(tokens).to(self.device)[query_positions]
-        with self._model_lock:
-            logits = forward_last_logits(self.model, ids, query_positions, cache, mask)
-        timings.prefill_s = time.perf_counter() - mark
-        return Prefill(cache, logits, slot_positions)
-
-    def _blend_prefill(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
-        """CacheBlend: every token through layers 0..check_layer, then only the selected ones."""
-        mark = time.perf_counter()
-        n = len(tokens)
-        keys, values, cached_positions = self._assemble(plan)
-        layers, heads, _, head_dim = keys.shape
-        mixed_keys = keys.new_zeros(layers, heads, n, head_dim).index_copy_(2, cached_positions, keys)
-        mixed_values = values.new_zeros(layers, heads, n, head_dim).index_copy_(2, cached_positions, values)
-        moved = torch.zeros(n, dtype=torch.bool, device=self.device)
-        moved[_positions([s for s in plan.segments if s.kind == "approximate"], self.device)] = True
-        forced = torch.ones(n, dtype=torch.bool, device=self.device)
-        forced[cached_positions] = False  # uncached tokens are always computed
-        if repair.blend_boundary_tokens:
-            forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
-        use_values = repair.deviation == "value"
-
-        def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
-            fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
-            return select_for_recompute(fresh, cached, moved, forced, repair.rho)
-
-        cache = SelectiveCache(mixed_keys, mixed_values, min(repair.check_layer, layers - 1), select)
-        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
-        with self._model_lock:
-            logits = selective_forward(self.model, torch.from_numpy(tokens).to(self.device), cache)
-        done = time.perf_counter()
-        timings.repair_s, timings.prefill_s = cache.selected_at - mark, done - cache.selected_at
-        assert cache.selected is not None
-        prefill = Prefill(make_cache(mixed_keys, mixed_values), logits, torch.arange(n, device=self.device))
-        prefill.repair_tokens = int(moved[cache.selected].sum())
-        return prefill
 
     def _store_prompt_chunks(
         self, tokens: np.ndarray, boundaries: list[int], plan: ReusePlan, cache: Any, slot_positions: torch.Tensor
@@ -493,10 +403,6 @@ class KVBoostRAG:
         for token, text in zip(missing, self.tokenizer.batch_decode([[t] for t in missing])):
             self._token_texts[token] = text
         return [self._token_texts[int(t)] for t in tokens]
-
-
-def _positions(segments: Sequence[Any], device: torch.device) -> torch.Tensor:
-    return torch.cat([torch.arange(s.start, s.end, device=device) for s in segments])
 
 
 def _find_stop(text: str, stops: list[str], search_from: int) -> int | None:

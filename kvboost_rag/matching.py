@@ -94,9 +94,7 @@ def _exact_segments(
     return segments, len(segments)
 
 
-def _approximate_segments(
-    tokens: np.ndarray, start: int, store: ChunkStore, fingerprint: Fingerprint
-) -> list[Segment]:
+def _approximate_segments(tokens: np.ndarray, start: int, store: ChunkStore, fingerprint: Fingerprint) -> list[Segment]:
     window = store.match_window
     if len(tokens) - start < window:
         return []
@@ -124,7 +122,9 @@ def _extend_match(
     """The run of prompt tokens equal to the entry's around (position, offset), crossing into
     the following chunks of the same document."""
     back = 0
-    while position - back > floor and offset - back > 0 and tokens[position - back - 1] == entry.tokens[offset - back - 1]:
+    while (
+        position - back > floor and offset - back > 0 and tokens[position - back - 1] == entry.tokens[offset - back - 1]
+    ):
         back += 1
     run: list[Segment] = []
     start, entry_offset = position - back, offset - back
@@ -176,4 +176,3 @@ def _chunks_touched(boundaries: Sequence[int], segments: list[Segment]) -> int:
         last = int(np.searchsorted(boundaries, segment.end - 1, side="right")) - 1
         touched.update(range(first, last + 1))
     return len(touched)
-

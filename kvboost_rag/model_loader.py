@@ -85,8 +85,14 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
         return torch.bfloat16
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(names)}")
     return names[dtype]

@@ -52,9 +52,9 @@ def load_qa(path: str | os.PathLike[str] | None = None, limit: int | None = None
     with opener(path, "rt", encoding="utf-8") as handle:
         raw = handle.read()
     stripped = raw.lstrip()
-    records: list[Any] = json.loads(raw) if stripped.startswith("[") else [
-        json.loads(line) for line in raw.splitlines() if line.strip()
-    ]
+    records: list[Any] = (
+        json.loads(raw) if stripped.startswith("[") else [json.loads(line) for line in raw.splitlines() if line.strip()]
+    )
     examples = [_example(i, r, path) for i, r in enumerate(records[:limit] if limit else records)]
     return examples
 

@@ -22,6 +22,7 @@ from .matching import ReusePlan, Segment
 
 __all__ = ["RepairConfig", "boundary_positions", "reused_runs", "select_for_recompute", "with_recomputed"]
 
+
 def continues(previous: Segment, segment: Segment) -> bool:
     """Whether `segment` is the next chunk of `previous`'s document, right after it."""
     return (
@@ -75,7 +76,9 @@ def with_recomputed(plan: ReusePlan, positions: set[int]) -> ReusePlan:
             if computed:
                 segments.append(Segment(start, end, "computed"))
             else:
-                segments.append(Segment(start, end, "approximate", segment.entry, segment.offset + start - segment.start))
+                segments.append(
+                    Segment(start, end, "approximate", segment.entry, segment.offset + start - segment.start)
+                )
             start = end
     return replace(plan, segments=segments)
 

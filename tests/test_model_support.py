@@ -94,7 +94,9 @@ FAMILIES = {
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_other_families_reuse_like_the_default(tmp_path: Path, engine: KVBoostRAG, passages: list[str], family: str) -> None:
+def test_other_families_reuse_like_the_default(
+    tmp_path: Path, engine: KVBoostRAG, passages: list[str], family: str
+) -> None:
     folder = save_tiny(tmp_path, engine, FAMILIES[family])
     tiny = KVBoostRAG.from_pretrained(folder, dtype="float32")
     document = "\n".join(passages[:3])

@@ -12,8 +12,14 @@ from kvboost_rag.rope import rerotate_keys
 
 def tiny(config_cls: type, **extra: object) -> torch.nn.Module:
     config = config_cls(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, **extra,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        **extra,
     )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).eval()
@@ -35,13 +41,23 @@ MODELS = {
     "qwen2-gqa": lambda: tiny(Qwen2Config),
     "llama3-scaling": lambda: tiny(
         LlamaConfig,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 512},
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 512,
+        },
     ),
     "yarn": lambda: tiny(
         LlamaConfig,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                         "original_max_position_embeddings": 1024},
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
     ),
     "phi-partial-rotary": lambda: tiny(PhiConfig, partial_rotary_factor=0.5),
 }

@@ -15,7 +15,9 @@ def test_concurrent_generate_equals_sequential(fresh_engine: KVBoostRAG, passage
     ] + ["Say hello.", "List two fruits."]
     sequential = [fresh_engine.generate(p, max_new_tokens=10, store_prompt=False).text for p in prompts]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        concurrent = list(pool.map(lambda p: fresh_engine.generate(p, max_new_tokens=10, store_prompt=False).text, prompts))
+        concurrent = list(
+            pool.map(lambda p: fresh_engine.generate(p, max_new_tokens=10, store_prompt=False).text, prompts)
+        )
     assert concurrent == sequential
 
 

@@ -1,0 +1,133 @@
+"""Prefill of one prompt from its reuse plan: assemble the cached KV, repair it, compute the rest.
+
+Three paths share the assembly: plain (cached KV first, then one pass over the uncached tokens
+with an exact position mask), boundary repair (the plan with run starts computed, then plain)
+and CacheBlend (every token through the first layers, then only the selected ones).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import RepairConfig
+from .kv_cache import SelectiveCache, forward_last_logits, make_cache, mixed_attention_mask, selective_forward
+from .matching import ReusePlan, Segment
+from .repair import boundary_positions, select_for_recompute, with_recomputed
+from .result import StageTimings
+from .rope import rerotate_keys
+
+
+@dataclass(slots=True)
+class Prefill:
+    """A prompt's cache after prefill, its last logits, and each cache slot's position."""
+
+    cache: Any
+    logits: torch.Tensor
+    slot_positions: torch.Tensor
+    repair_tokens: int = 0
+
+
+class PrefillRunner:
+    """Runs prefills on one model; forward passes take the shared model lock."""
+
+    def __init__(self, model: Any, rotary: Any | None, model_lock: threading.Lock) -> None:
+        self.model = model
+        self.rotary = rotary  # None: reuse off, nothing is moved or repaired
+        self.model_lock = model_lock
+        first_param = next(model.parameters())
+        self.device, self.dtype = first_param.device, first_param.dtype
+
+    def run(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
+        """Assemble the cached KV at its new positions, repair it, compute every other token."""
+        moved = plan.tokens("approximate")
+        if moved and moved / len(tokens) >= repair.min_reused_share and self.rotary is not None:
+            if repair.strategy == "cacheblend":
+                return self._blend(tokens, plan, timings, repair)
+            if repair.strategy == "boundary":
+                recompute = boundary_positions(plan, repair.boundary_tokens, repair.tail_tokens)
+                prefill = self._plain(tokens, with_recomputed(plan, recompute), timings)
+                prefill.repair_tokens = len(recompute)
+                # NOTE: one pass computes repaired and uncached tokens together; repair_s is the
+                # share of that pass's time that its tokens take.
+                timings.repair_s = timings.prefill_s * len(recompute) / (plan.tokens("computed") + len(recompute))
+                return prefill
+        return self._plain(tokens, plan, timings)
+
+    def assemble(self, plan: ReusePlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Cached K/V [L, H, n, D] of the plan's reused segments, keys moved to their new
+        positions, and those positions."""
+        cached = [s for s in plan.segments if s.kind != "computed"]
+        keys = torch.cat([s.entry.keys[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
+        values = torch.cat([s.entry.values[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
+        positions = _positions(cached, self.device)
+        source = torch.cat(
+            [torch.arange(len(s), device=self.device) + s.entry.base_position + s.offset for s in cached]
+        )
+        if self.rotary is not None:
+            keys = rerotate_keys(keys, positions - source, self.rotary)
+        return keys.to(self.device), values.to(self.device), positions
+
+    def _plain(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings) -> Prefill:
+        """Cached KV first in the cache, then one pass over the uncached tokens at their true
+        positions. Slots stay cached-first: decoding attends to every slot whatever its order,
+        so no reordering is paid before the first token."""
+        mark = time.perf_counter()
+        query_positions = _positions([s for s in plan.segments if s.kind == "computed"], self.device)
+        mask = None
+        if any(s.kind != "computed" for s in plan.segments):
+            keys, values, cached_positions = self.assemble(plan)
+            cache = make_cache(keys, values)
+            slot_positions = torch.cat([cached_positions, query_positions])
+            if cached_positions[-1] > query_positions[0]:  # interleaved: the plain causal mask would be wrong
+                mask = mixed_attention_mask(query_positions, slot_positions, self.dtype)
+        else:
+            cache, slot_positions = make_cache(), query_positions
+        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
+
+        ids = torch.from_numpy(tokens).to(self.device)[query_positions]
+        with self.model_lock:
+            logits = forward_last_logits(self.model, ids, query_positions, cache, mask)
+        timings.prefill_s = time.perf_counter() - mark
+        return Prefill(cache, logits, slot_positions)
+
+    def _blend(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
+        """CacheBlend: every token through layers 0..check_layer, then only the selected ones."""
+        mark = time.perf_counter()
+        n = len(tokens)
+        keys, values, cached_positions = self.assemble(plan)
+        layers, heads, _, head_dim = keys.shape
+        mixed_keys = keys.new_zeros(layers, heads, n, head_dim).index_copy_(2, cached_positions, keys)
+        mixed_values = values.new_zeros(layers, heads, n, head_dim).index_copy_(2, cached_positions, values)
+        moved = torch.zeros(n, dtype=torch.bool, device=self.device)
+        moved[_positions([s for s in plan.segments if s.kind == "approximate"], self.device)] = True
+        forced = torch.ones(n, dtype=torch.bool, device=self.device)
+        forced[cached_positions] = False  # uncached tokens are always computed
+        if repair.blend_boundary_tokens:
+            forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
+        use_values = repair.deviation == "value"
+
+        def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
+            fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
+            return select_for_recompute(fresh, cached, moved, forced, repair.rho)
+
+        cache = SelectiveCache(mixed_keys, mixed_values, min(repair.check_layer, layers - 1), select)
+        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
+        with self.model_lock:
+            logits = selective_forward(self.model, torch.from_numpy(tokens).to(self.device), cache)
+        done = time.perf_counter()
+        timings.repair_s, timings.prefill_s = cache.selected_at - mark, done - cache.selected_at
+        assert cache.selected is not None
+        prefill = Prefill(make_cache(mixed_keys, mixed_values), logits, torch.arange(n, device=self.device))
+        prefill.repair_tokens = int(moved[cache.selected].sum())
+        return prefill
+
+
+def _positions(segments: Sequence[Segment], device: torch.device) -> torch.Tensor:
+    return torch.cat([torch.arange(s.start, s.end, device=device) for s in segments])

@@ -1,0 +1,144 @@
+"""The NQ-style eval: data loading, statistics, a small end-to-end run, the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kvboost_rag import KVBoostRAG
+from kvboost_rag.cli import app
+from kvboost_rag.config import RepairConfig
+from kvboost_rag.eval_report import format_table, write
+from kvboost_rag.evaluation import Variant, first_token_kl, paired_ci, run_eval, standard_variants
+from kvboost_rag.qa_dataset import load_qa
+
+RECORDS = [
+    {
+        "question": "who wrote hamlet",
+        "answers": ["William Shakespeare", "Shakespeare"],
+        "ctxs": [
+            {"title": "Hamlet", "text": "Hamlet is a tragedy written by William Shakespeare around 1600."},
+            {"title": "Macbeth", "text": "Macbeth is a tragedy by William Shakespeare, first performed in 1606."},
+        ],
+    },
+    {
+        "question": "what is the capital of france",
+        "answers": ["Paris"],
+        "ctxs": [
+            {"title": "France", "text": "France is a country in Western Europe. Its capital is Paris."},
+            {"title": "Lyon", "text": "Lyon is the third-largest city of France, on the Rhone and the Saone."},
+        ],
+    },
+]
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "json", "jsonl.gz", "json.gz"])
+def test_load_qa_reads_every_shape(tmp_path: Path, shape: str) -> None:
+    text = json.dumps(RECORDS) if shape.startswith("json.") or shape == "json" else "\n".join(map(json.dumps, RECORDS))
+    path = tmp_path / f"data.{shape}"
+    if shape.endswith(".gz"):
+        with gzip.open(path, "wt") as handle:
+            handle.write(text)
+    else:
+        path.write_text(text)
+    examples = load_qa(path)
+    assert [e.question for e in examples] == ["who wrote hamlet", "what is the capital of france"]
+    assert examples[0].answers == ("William Shakespeare", "Shakespeare")
+    assert (
+        examples[1].passages[0].as_document() == "France\nFrance is a country in Western Europe. Its capital is Paris."
+    )
+
+
+def test_load_qa_names_the_bad_record(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(RECORDS[0]) + "\n" + json.dumps({"answers": ["x"]}) + "\n")
+    with pytest.raises(ValueError, match="record 1"):
+        load_qa(path)
+
+
+def test_shipped_nq_copy_loads() -> None:
+    examples = load_qa()
+    assert len(examples) == 2655 and all(len(e.passages) == 1 for e in examples[:50])
+
+
+def test_paired_interval_and_kl() -> None:
+    low, high = paired_ci([1.0, 0.0, 1.0, 0.0])
+    assert low == pytest.approx(0.5 - 1.96 * (1 / 3) ** 0.5 / 2) and high == pytest.approx(
+        0.5 + 1.96 * (1 / 3) ** 0.5 / 2
+    )
+    logits = torch.tensor([2.0, 1.0, 0.0])
+    assert first_token_kl(logits, logits) == pytest.approx(0.0, abs=1e-7)
+    assert first_token_kl(logits, torch.tensor([0.0, 1.0, 2.0])) > 0.5
+
+
+def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(map(json.dumps, RECORDS)))
+    examples = load_qa(path)
+    variants = standard_variants(RepairConfig())
+    report = run_eval(
+        fresh_engine,
+        examples,
+        lambda i: [p.as_document() for p in examples[i].passages],
+        variants,
+        sweep=[Variant("cacheblend@1", "reuse", RepairConfig(rho=1.0))],
+        sweep_questions=1,
+        max_new_tokens=12,
+    )
+    summary = report.summary()
+    assert set(summary) == {"full", "none", "boundary", "cacheblend", "cacheblend@1"}
+    assert summary["full"]["first_token_agreement"] == 1.0 and summary["full"]["first_token_kl_mean"] == 0.0
+    assert summary["cacheblend@1"]["questions"] == 1
+    assert summary["cacheblend@1"]["first_token_kl_mean"] < 1e-3, "rho = 1 is full prefill"
+    assert all(0 < s["reuse_share"] for name, s in summary.items() if name != "full")
+    paths = write(report, tmp_path / "out", "eval")
+    assert json.loads(paths["json"].read_text())["summary"]["none"]["questions"] == 2
+    assert "| cacheblend |" in paths["markdown"].read_text()
+    assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+    assert "boundary" in format_table(report)
+
+
+def test_first_variant_must_be_full(fresh_engine: KVBoostRAG) -> None:
+    with pytest.raises(ValueError, match="full prefill"):
+        run_eval(fresh_engine, [], lambda i: [], [Variant("none", "reuse", RepairConfig(strategy="none"))])
+
+
+def test_cli_eval_runs_on_a_small_file(tmp_path: Path) -> None:
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(RECORDS))
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--data",
+            str(path),
+            "--limit",
+            "2",
+            "--use-ctxs",
+            "--k",
+            "2",
+            "--variants",
+            "full,none,cacheblend",
+            "--rho-sweep",
+            "",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "cacheblend" in result.output
+    assert (tmp_path / "out" / "eval_k2_n2.md").is_file()
+
+
+def test_cli_eval_refuses_unknown_variants(tmp_path: Path) -> None:
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(RECORDS))
+    result = CliRunner().invoke(app, ["eval", "--data", str(path), "--use-ctxs", "--variants", "full,magic"])
+    assert result.exit_code != 0 and "magic" in result.output
