@@ -1,21 +1,26 @@
-"""In-memory chunk store: KV per chunk, three indexes, LRU under a byte budget.
+"""In-memory chunk store: KV per chunk, three indexes, eviction under a byte budget.
 
 Indexes: prefix hash -> entry (EXACT), content hash -> entry, and token-window keys -> (entry,
 offset) so a prompt is matched by index lookups, never by scanning stored documents. Entries are
-immutable once stored, so readers use them outside the lock.
+immutable once stored, so readers use them outside the lock. Eviction follows the keep score of
+`eviction.py` (recency, hits, importance), through a heap; pinned entries stay.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from .eviction import EvictionWeights, Usage, keep_score, value_norm
 from .hashing import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
+from .quantization import QuantizedTensor
+
+KV = torch.Tensor | QuantizedTensor
 
 
 @dataclass(slots=True, eq=False)
@@ -23,20 +28,25 @@ class ChunkEntry:
     """One chunk's tokens and KV, as computed at positions base_position.."""
 
     tokens: np.ndarray
-    keys: torch.Tensor  # [layers, kv_heads, n, head_dim], post-RoPE
-    values: torch.Tensor
+    keys: KV  # [layers, kv_heads, n, head_dim], post-RoPE; dense or KIVI-quantized
+    values: KV
     base_position: int
     fingerprint: Fingerprint  # the model, tokenizer, dtype and RoPE that computed it
     content_hash: ContentHash
     prefix_hash: PrefixHash | None
     next_chunk: ContentHash | None = None  # the chunk after it in its document
     approximate_ok: bool = True  # indexed for position-independent reuse
+    importance: float | None = None  # mean L2 norm of its value vectors; computed when None
     window_keys: list[WindowKey] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        if self.keys.shape != self.values.shape or self.keys.shape[2] != n:
+        if tuple(self.keys.shape) != tuple(self.values.shape) or self.keys.shape[2] != n:
             raise ValueError(f"KV of shape {tuple(self.keys.shape)} does not hold {n} tokens")
+
+    def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values as tensors in the model's dtype."""
+        return _dense(self.keys), _dense(self.values)
 
     @property
     def nbytes(self) -> int:
@@ -46,22 +56,32 @@ class ChunkEntry:
         return len(self.tokens)
 
 
+def _dense(kv: KV) -> torch.Tensor:
+    return kv.dequantize() if isinstance(kv, QuantizedTensor) else kv
+
+
 @dataclass(slots=True)
 class StoreStats:
     entries: int
     bytes: int
     documents: int
     evictions: int
+    pinned: int
 
 
 class ChunkStore:
     """Thread-safe; every public method takes the lock."""
 
-    def __init__(self, budget_bytes: int, match_window: int) -> None:
+    def __init__(self, budget_bytes: int, match_window: int, weights: EvictionWeights | None = None) -> None:
         self.budget_bytes = budget_bytes
         self.match_window = match_window
+        self.weights = weights or EvictionWeights()
         self._lock = threading.RLock()
-        self._entries: OrderedDict[int, ChunkEntry] = OrderedDict()  # LRU order, oldest first
+        self._entries: dict[int, ChunkEntry] = {}
+        self._usage: dict[int, Usage] = {}
+        self._heap: list[tuple[float, int]] = []  # (keep score, id); stale pairs are skipped
+        self._clock = 0
+        self._norm_total, self._norm_count = 0.0, 0
         self._by_prefix: dict[PrefixHash, int] = {}
         self._by_content: dict[ContentHash, int] = {}
         self._by_window: dict[WindowKey, list[tuple[int, int]]] = {}
@@ -82,6 +102,27 @@ class ChunkStore:
     def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]:
         with self._lock:
             return [(self._entries[i], offset) for i, offset in self._by_window.get(key, ())]
+
+    def mark_used(self, entries: Iterable[ChunkEntry]) -> None:
+        """Count a hit for entries a prompt reused (found through window candidates)."""
+        with self._lock:
+            for entry in {id(e): e for e in entries}.values():
+                self._touch(self._by_content.get(entry.content_hash))
+
+    def pin(self, key: ContentHash, pinned: bool = True) -> bool:
+        """Keep (or stop keeping) a chunk whatever the budget asks; False if it is not stored."""
+        with self._lock:
+            entry_id = self._by_content.get(key)
+            if entry_id is None:
+                return False
+            self._usage[entry_id].pinned = pinned
+            if not pinned:
+                self._evict_to(self.budget_bytes)
+            return True
+
+    def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
+        with self._lock:
+            return all(self.pin(chunk, pinned) for chunk in self._documents.get(doc_key, [None]))  # type: ignore[list-item]
 
     def has_document(self, doc_key: bytes) -> bool:
         with self._lock:
@@ -108,6 +149,9 @@ class ChunkStore:
             self._next_id += 1
             self._entries[entry_id] = entry
             self._bytes += entry.nbytes
+            self._clock += 1
+            self._usage[entry_id] = Usage(self._clock, self._relative_importance(entry))
+            self._push(entry_id)
             if entry.prefix_hash is not None:
                 self._by_prefix.setdefault(entry.prefix_hash, entry_id)
             if entry.approximate_ok:
@@ -117,6 +161,9 @@ class ChunkStore:
                 for offset, key in zip(range(0, len(keys), self.match_window), entry.window_keys):
                     self._by_window.setdefault(key, []).append((entry_id, offset))
             self._evict_to(self.budget_bytes, keep=entry_id)
+            if self._bytes > self.budget_bytes:  # only pinned chunks are left to evict
+                self._remove(entry_id)
+                return False
             return True
 
     def add_document(self, doc_key: bytes, chunks: list[ContentHash]) -> None:
@@ -125,37 +172,60 @@ class ChunkStore:
 
     def clear(self) -> None:
         with self._lock:
-            self._evict_to(0)
+            for entry_id in list(self._entries):
+                self._remove(entry_id)
+            self._heap.clear()
             self._documents.clear()
 
     # bookkeeping -------------------------------------------------------------------------
     def stats(self) -> StoreStats:
         with self._lock:
-            return StoreStats(len(self._entries), self._bytes, len(self._documents), self._evictions)
+            pinned = sum(u.pinned for u in self._usage.values())
+            return StoreStats(len(self._entries), self._bytes, len(self._documents), self._evictions, pinned)
 
     def __iter__(self) -> Iterator[ChunkEntry]:
         with self._lock:
             return iter(list(self._entries.values()))
 
+    def _relative_importance(self, entry: ChunkEntry) -> float:
+        norm = entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1])
+        self._norm_total += norm
+        self._norm_count += 1
+        return norm / (self._norm_total / self._norm_count) if self._norm_total > 0 else 1.0
+
     def _touch(self, entry_id: int | None) -> ChunkEntry | None:
         if entry_id is None:
             return None
-        self._entries.move_to_end(entry_id)
+        self._clock += 1
+        usage = self._usage[entry_id]
+        usage.last_access, usage.hits = self._clock, usage.hits + 1
+        self._push(entry_id)
         return self._entries[entry_id]
 
+    def _push(self, entry_id: int) -> None:
+        heapq.heappush(self._heap, (keep_score(self._usage[entry_id], self.weights), entry_id))
+        if len(self._heap) > 4 * len(self._entries) + 64:  # drop stale pairs now and then
+            self._heap = [(keep_score(u, self.weights), i) for i, u in self._usage.items()]
+            heapq.heapify(self._heap)
+
     def _evict_to(self, budget: int, keep: int | None = None) -> None:
-        while self._bytes > budget and self._entries:
-            entry_id = next(iter(self._entries))
-            if entry_id == keep:
-                if len(self._entries) == 1:
-                    break
-                self._entries.move_to_end(entry_id)
+        held: list[tuple[float, int]] = []
+        while self._bytes > budget and self._heap:
+            score, entry_id = heapq.heappop(self._heap)
+            usage = self._usage.get(entry_id)
+            if usage is None or score != keep_score(usage, self.weights):
+                continue  # stale: evicted already, or re-scored since
+            if usage.pinned or entry_id == keep:
+                held.append((score, entry_id))
                 continue
             self._remove(entry_id)
             self._evictions += 1
+        for pair in held:
+            heapq.heappush(self._heap, pair)
 
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
+        del self._usage[entry_id]
         self._bytes -= entry.nbytes
         if entry.prefix_hash is not None and self._by_prefix.get(entry.prefix_hash) == entry_id:
             del self._by_prefix[entry.prefix_hash]

@@ -73,6 +73,8 @@ class EngineConfig:
     # Text encoded before every warmed document (its KV is not kept), so a document's first
     # tokens do not become an attention sink; "" encodes each document alone from position 0.
     warm_prefix: str = ""
+    # Warmed chunks kept KIVI-quantized ("int8" or "int4"), dequantized when a prompt reuses them.
+    kv_quantization: Literal["int8", "int4"] | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -85,5 +87,7 @@ class EngineConfig:
             raise ValueError("match_window must be in [1, chunk_size]")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.kv_quantization not in (None, "int8", "int4"):
+            raise ValueError(f"kv_quantization must be None, 'int8' or 'int4', got {self.kv_quantization!r}")
         if self.memory_budget_bytes < 0:
             raise ValueError("memory_budget_bytes must be >= 0")

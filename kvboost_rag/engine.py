@@ -14,6 +14,7 @@ import torch
 from .chunk_store import ChunkEntry, ChunkStore
 from .chunking import chunk_boundaries
 from .config import MODES, EngineConfig, Mode, RepairConfig, RepairStrategy
+from .eviction import value_norm
 from .fingerprint import model_fingerprint
 from .hashing import chained_prefix_hashes, content_hash, document_hash, fingerprint_from_parts
 from .kv_cache import (
@@ -27,6 +28,7 @@ from .kv_cache import (
 from .matching import ReusePlan, plan_reuse
 from .model_loader import load_model, resolve_dtype
 from .prefill import PrefillRunner
+from .quantization import QuantizedTensor, quantize_keys, quantize_values
 from .result import GenerationResult, StageTimings, WarmReport
 from .sampling import SamplingParams, held_back, sample_token
 
@@ -84,10 +86,13 @@ class KVBoostRAG:
         self.fingerprint = model_fingerprint(model, tokenizer, self.dtype)
         prefix = self.config.warm_prefix
         self._warm_prefix_tokens = np.asarray(tokenizer(prefix).input_ids if prefix else [], dtype=np.int64)
-        # Warmed chunks depend on the warm prefix too: their keys say which one.
+        # Warmed chunks depend on the warm prefix and quantization too: their keys say which.
+        quantization = self.config.kv_quantization or ""
         self.document_fingerprint = (
-            fingerprint_from_parts([self.fingerprint, b"warm-prefix", self._warm_prefix_tokens.tobytes()])
-            if prefix
+            fingerprint_from_parts(
+                [self.fingerprint, b"warm-prefix", self._warm_prefix_tokens.tobytes(), quantization]
+            )
+            if prefix or quantization
             else self.fingerprint
         )
         self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -130,10 +135,11 @@ class KVBoostRAG:
         )
 
     # documents ---------------------------------------------------------------------------
-    def warm(self, documents: str | Iterable[str]) -> WarmReport:
+    def warm(self, documents: str | Iterable[str], *, pin: bool = False) -> WarmReport:
         """Encode each document alone, in one pass, and store it chunk by chunk.
 
-        A document already warm is skipped without any model work.
+        A document already warm is skipped without any model work. `pin` keeps its chunks in
+        memory whatever the budget asks.
         """
         started = time.perf_counter()
         texts = [documents] if isinstance(documents, str) else list(documents)
@@ -143,9 +149,11 @@ class KVBoostRAG:
             doc_key = document_hash(self.document_fingerprint, tokens)
             if self.store.has_document(doc_key):
                 report.skipped_documents += 1
-                continue
-            report.chunks_stored += self._encode_document(doc_key, tokens)
-            report.tokens_encoded += len(tokens)
+            else:
+                report.chunks_stored += self._encode_document(doc_key, tokens)
+                report.tokens_encoded += len(tokens)
+            if pin:
+                self.store.pin_document(doc_key)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -180,18 +188,23 @@ class KVBoostRAG:
         for i, (chunk_start, chunk_end) in enumerate(zip(boundaries[:-1], boundaries[1:])):
             entry = ChunkEntry(
                 tokens=tokens[chunk_start:chunk_end].copy(),
-                # NOTE: clone, or a chunk pins its whole document
-                keys=keys[:, :, start + chunk_start : start + chunk_end].clone(),
-                values=values[:, :, start + chunk_start : start + chunk_end].clone(),
+                keys=self._stored(keys[:, :, start + chunk_start : start + chunk_end], quantize_keys),
+                values=self._stored(values[:, :, start + chunk_start : start + chunk_end], quantize_values),
                 base_position=start + chunk_start,
                 fingerprint=fingerprint,
                 content_hash=contents[i],
                 prefix_hash=prefixes[i] if prefixes else None,
                 next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
+                importance=value_norm(values[:, :, start + chunk_start : start + chunk_end]),
             )
             stored += self.store.put(entry)
         self.store.add_document(doc_key, contents)
         return stored
+
+    def _stored(self, kv: torch.Tensor, quantizer: Any) -> torch.Tensor | QuantizedTensor:
+        """A chunk's slice as kept: quantized, or cloned so it does not pin its whole document."""
+        kind = self.config.kv_quantization
+        return quantizer(kv, kind) if kind else kv.clone()
 
     def _warm_prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of the warm prefix, computed once."""

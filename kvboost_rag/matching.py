@@ -74,6 +74,8 @@ def plan_reuse(
             start = cached[-1].end if cached else 0
             cached += _approximate_segments(tokens, start, store, document_fingerprint)
     cached = _leave_last_token(cached, n)
+    if store is not None:
+        store.mark_used(s.entry for s in cached if s.kind == "approximate" and s.entry is not None)
     segments = _fill_gaps(cached, n)
     # Approximate runs start at or after the last exact chunk's end, so no chunk counts twice.
     approx_chunks = _chunks_touched(boundaries, [s for s in segments if s.kind == "approximate"])

@@ -64,8 +64,9 @@ class PrefillRunner:
         """Cached K/V [L, H, n, D] of the plan's reused segments, keys moved to their new
         positions, and those positions."""
         cached = [s for s in plan.segments if s.kind != "computed"]
-        keys = torch.cat([s.entry.keys[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
-        values = torch.cat([s.entry.values[:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
+        dense = {id(s.entry): s.entry.dense_kv() for s in cached}  # dequantized once per entry
+        keys = torch.cat([dense[id(s.entry)][0][:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
+        values = torch.cat([dense[id(s.entry)][1][:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
         positions = _positions(cached, self.device)
         source = torch.cat(
             [torch.arange(len(s), device=self.device) + s.entry.base_position + s.offset for s in cached]

@@ -95,3 +95,56 @@ def test_engine_budget_holds_while_warming(engine: KVBoostRAG, passages: list[st
     assert 0 < stats.bytes <= budget and stats.evictions > 0
     assert small.warm(passages[11]).skipped_documents == 1, "the newest document is still warm"
     assert small.warm(passages[0]).tokens_encoded > 0, "an evicted document is warmed again"
+
+
+def test_pinned_documents_survive_warming_past_the_budget(engine: KVBoostRAG, passages: list[str]) -> None:
+    small = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=20 * 1024**2))
+    small.warm(passages[0], pin=True)
+    small.warm(passages[1:12])
+    assert small.store.stats().evictions > 0
+    assert small.warm(passages[0]).skipped_documents == 1, "pinned: still warm"
+
+
+def sized_entry(seed: int, fingerprint: bytes, value_scale: float = 1.0) -> ChunkEntry:
+    e = entry(list(range(seed * 100, seed * 100 + 16)), fingerprint)
+    return ChunkEntry(
+        e.tokens, e.keys, torch.full_like(e.values, value_scale), 0, fingerprint, e.content_hash, e.prefix_hash  # type: ignore[arg-type]
+    )
+
+
+def test_eviction_follows_the_keep_score() -> None:
+    """Recency alone would evict the oldest; hits and importance keep chunks longer."""
+    from kvboost_rag.eviction import EvictionWeights
+
+    fp = fingerprint_from_parts(["test"])
+    size = sized_entry(0, fp).nbytes
+    weights = EvictionWeights(hit_weight=10, importance_weight=10)
+    store = ChunkStore(budget_bytes=4 * size, match_window=8, weights=weights)
+    often, important, plain, recent = (sized_entry(i, fp) for i in range(4))
+    important = sized_entry(1, fp, value_scale=4.0)
+    for e in (often, important, plain, recent):
+        store.put(e)
+    for _ in range(3):
+        store.get_content(often.content_hash)  # 2 bits of hits: +20
+    store.put(sized_entry(9, fp))
+    assert store.get_content(plain.content_hash) is None, "plain: old, no hits, average importance"
+    assert store.stats().evictions == 1
+    store.put(sized_entry(10, fp))
+    assert store.get_content(recent.content_hash) is None, "next lowest: no hits, below-mean importance"
+    assert store.get_content(important.content_hash) is not None and store.get_content(often.content_hash)
+
+
+def test_pinned_chunks_stay_and_the_budget_holds() -> None:
+    fp = fingerprint_from_parts(["test"])
+    size = sized_entry(0, fp).nbytes
+    store = ChunkStore(budget_bytes=2 * size, match_window=8)
+    pinned = sized_entry(0, fp)
+    store.put(pinned)
+    assert store.pin(pinned.content_hash)
+    for i in range(1, 6):
+        assert store.put(sized_entry(i, fp))
+        assert store.stats().bytes <= 2 * size
+    assert store.get_content(pinned.content_hash) is pinned
+    store.pin(sized_entry(5, fp).content_hash)
+    assert not store.put(sized_entry(6, fp)), "only pinned chunks are left: the new one does not fit"
+    assert store.stats().bytes <= 2 * size and store.stats().pinned == 2
