@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench eval install clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ test: install
 
 bench: install
 	$(PY) benchmarks/bench_ttft.py
+
+eval: install
+	$(VENV)/bin/kvboost-rag eval --k 5 --limit 500 --out benchmarks/results
 
 clean:
 	rm -rf $(VENV)

@@ -2,9 +2,9 @@
 
 Indexes the 2,655 gold passages in FAISS, retrieves the top k per question, warms every
 retrieved passage first, then answers with the passages in shuffled order. Every TTFT is wall
-clock from the call to the first sampled token (tokenizing, lookup, assembly, re-rotation and
-the suffix prefill included). The floor is the forward pass over the uncached tokens alone,
-given the assembled cache.
+clock from the call to the first sampled token (tokenizing, lookup, assembly, re-rotation,
+repair and the suffix prefill included). The floor is the time to prefill only the uncached
+tokens given a ready cache: the forward pass over them alone.
 """
 
 from __future__ import annotations
@@ -20,11 +20,20 @@ from pathlib import Path
 import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.config import RepairConfig
 from kvboost_rag.prompting import rag_messages
 from kvboost_rag.qa_dataset import corpus, load_qa
 from kvboost_rag.retrieval import PassageIndex
 
-MODES = ("full", "prefix", "reuse")
+# name -> (mode, repair); "reuse" alone is reuse without repair, the position-independent floor.
+VARIANTS = {
+    "full": ("full", None),
+    "prefix": ("prefix", None),
+    "reuse": ("reuse", RepairConfig(strategy="none")),
+    "reuse+boundary": ("reuse", RepairConfig(strategy="boundary")),
+    "reuse+cacheblend": ("reuse", RepairConfig()),
+}
+STAGES = ("tokenize_s", "lookup_s", "assemble_s", "repair_s", "prefill_s", "sample_s")
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -45,19 +54,23 @@ def main() -> None:
     chosen = random.Random(args.seed).sample(examples, args.questions)
     retrieved = index.search([e.question for e in chosen], max(args.k))
 
-    config = EngineConfig(memory_budget_bytes=12 * 1024**3)
-    engine = KVBoostRAG.from_pretrained(dtype=args.dtype, config=config)
+    engine = KVBoostRAG.from_pretrained(dtype=args.dtype, config=EngineConfig(memory_budget_bytes=12 * 1024**3))
     # Prefix caching gets a store of its own that only ever holds earlier prompts, as in vLLM.
-    prefix_engine = KVBoostRAG(
-        engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=4 * 1024**3, mode="prefix")
-    )
-    engines = {"full": engine, "prefix": prefix_engine, "reuse": engine}
+    prefix_engine = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=4 * 1024**3))
+    engine_of = {name: prefix_engine if mode == "prefix" else engine for name, (mode, _) in VARIANTS.items()}
 
     documents = list(dict.fromkeys(p.as_document() for row in retrieved for p in row))
     warm = engine.warm(documents)
     print(f"warmed {warm.documents} passages, {warm.tokens_encoded} tokens, in {warm.seconds:.1f} s")
-    for mode in MODES:  # warm-up, not timed
-        engines[mode].generate(rag_messages("warm-up?", documents[:2]), mode=mode, max_new_tokens=1, store_prompt=False)
+
+    def answer(name: str, messages: list) -> object:
+        mode, repair = VARIANTS[name]
+        # Only prefix caching keeps its prompts: reuse sees the warmed documents alone.
+        store_prompt = mode == "prefix"
+        return engine_of[name].generate(messages, mode=mode, repair=repair, max_new_tokens=1, store_prompt=store_prompt)
+
+    for name in VARIANTS:  # warm-up, not timed
+        answer(name, rag_messages("warm-up?", documents[:2]))
 
     report: dict = {
         "model": engine.name,
@@ -66,63 +79,54 @@ def main() -> None:
         "questions": args.questions,
         "torch_threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
+        "warm": asdict(warm),
         "k": {},
     }
+    names = list(VARIANTS)
     rng = random.Random(args.seed)
     for k in args.k:
-        rows: dict[str, list] = {m: [] for m in MODES}
+        rows: dict[str, list] = {name: [] for name in names}
         for q, (example, passages) in enumerate(zip(chosen, retrieved)):
             docs = [p.as_document() for p in passages[:k]]
             rng.shuffle(docs)
             messages = rag_messages(example.question, docs)
-            for mode in MODES[q % 3 :] + MODES[: q % 3]:  # rotate the order: no mode always runs first
-                rows[mode].append(engines[mode].generate(messages, mode=mode, max_new_tokens=1))
-        full, prefix, reuse = (rows[m] for m in MODES)
-        entry = {
-            mode: {
-                "ttft_s": summarize([r.ttft_s for r in rows[mode]]),
-                "reuse_share": summarize([r.reuse_share for r in rows[mode]]),
+            for name in names[q % len(names) :] + names[: q % len(names)]:  # no variant always runs first
+                rows[name].append(answer(name, messages))
+        full_median = statistics.median(r.ttft_s for r in rows["full"])
+        entry: dict = {"prompt_tokens": summarize([r.prompt_tokens for r in rows["full"]])}
+        for name, results in rows.items():
+            ttft = summarize([r.ttft_s for r in results])
+            entry[name] = {
+                "ttft_s": ttft,
+                "speedup_median": full_median / ttft["median"],
+                "reuse_share": summarize([r.reuse_share for r in results]),
+                "repair_share": summarize([r.repair_share for r in results]),
+                "floor_s": summarize([r.timings.prefill_s + r.timings.repair_s for r in results]),
+                "stages_median_s": {s: statistics.median(getattr(r.timings, s) for r in results) for s in STAGES},
+                "first_token_agreement_vs_full": statistics.fmean(
+                    r.token_ids[:1] == f.token_ids[:1] for r, f in zip(results, rows["full"])
+                ),
             }
-            for mode in MODES
-        }
-        entry["prompt_tokens"] = summarize([r.prompt_tokens for r in full])
-        entry["reuse_floor_s"] = summarize([r.timings.prefill_s for r in reuse])
-        entry["reuse_stages_s"] = {
-            stage: statistics.median(getattr(r.timings, stage) for r in reuse)
-            for stage in ("tokenize_s", "lookup_s", "assemble_s", "prefill_s", "sample_s")
-        }
-        entry["speedup_median"] = {
-            m: entry["full"]["ttft_s"]["median"] / entry[m]["ttft_s"]["median"] for m in ("prefix", "reuse")
-        }
-        entry["first_token_agreement_reuse_vs_full"] = statistics.fmean(
-            r.token_ids[:1] == f.token_ids[:1] for r, f in zip(reuse, full)
-        )
         report["k"][str(k)] = entry
-        print_row(k, entry)
+        print_table(k, entry, names)
     report["store"] = asdict(engine.store.stats())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 
 
-def print_row(k: int, entry: dict) -> None:
-    ms = lambda s: f"{s * 1000:7.0f}"  # noqa: E731
+def print_table(k: int, entry: dict, names: list[str]) -> None:
+    print(f"\nk={k}  prompt {entry['prompt_tokens']['median']:.0f} tokens (median)")
     print(
-        f"\nk={k:<3} prompt {entry['prompt_tokens']['median']:.0f} tokens (median)\n"
-        f"  {'mode':7} {'median ms':>9} {'mean ms':>9} {'speedup':>8} {'reused':>7}"
+        f"  {'variant':17} {'median ms':>9} {'mean ms':>8} {'speedup':>8} {'reused':>7} {'floor ms':>9} {'1st tok':>8}"
     )
-    for mode in MODES:
-        t = entry[mode]["ttft_s"]
-        speed = entry["speedup_median"].get(mode, 1.0)
+    for name in names:
+        e = entry[name]
         print(
-            f"  {mode:7} {ms(t['median']):>9} {ms(t['mean']):>9} {speed:7.2f}x {entry[mode]['reuse_share']['mean']:7.0%}"
+            f"  {name:17} {e['ttft_s']['median'] * 1000:9.0f} {e['ttft_s']['mean'] * 1000:8.0f} "
+            f"{e['speedup_median']:7.2f}x {e['reuse_share']['mean']:7.0%} {e['floor_s']['median'] * 1000:9.0f} "
+            f"{e['first_token_agreement_vs_full']:8.0%}"
         )
-    print(
-        f"  floor   {ms(entry['reuse_floor_s']['median']):>9} {ms(entry['reuse_floor_s']['mean']):>9}"
-        f"   (uncached tokens only, given a ready cache)"
-    )
-    print(f"  reuse stages (median s): {json.dumps({k: round(v, 4) for k, v in entry['reuse_stages_s'].items()})}")
-    print(f"  first-token agreement, reuse vs full: {entry['first_token_agreement_reuse_vs_full']:.0%}")
 
 
 if __name__ == "__main__":
