@@ -12,6 +12,7 @@ import heapq
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ import torch
 from .eviction import EvictionWeights, Usage, keep_score, value_norm
 from .hashing import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
 from .quantization import QuantizedTensor
+
+if TYPE_CHECKING:
+    from .disk_store import DiskStore
 
 KV = torch.Tensor | QuantizedTensor
 
@@ -72,8 +76,15 @@ class StoreStats:
 class ChunkStore:
     """Thread-safe; every public method takes the lock."""
 
-    def __init__(self, budget_bytes: int, match_window: int, weights: EvictionWeights | None = None) -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        match_window: int,
+        weights: EvictionWeights | None = None,
+        disk: DiskStore | None = None,
+    ) -> None:
         self.budget_bytes = budget_bytes
+        self.disk = disk  # the persistent tier below memory: misses are looked up there
         self.match_window = match_window
         self.weights = weights or EvictionWeights()
         self._lock = threading.RLock()
@@ -93,11 +104,26 @@ class ChunkStore:
     # lookups -----------------------------------------------------------------------------
     def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
         with self._lock:
-            return self._touch(self._by_prefix.get(key))
+            found = self._touch(self._by_prefix.get(key))
+        if found is None and self.disk is not None and (found := self.disk.get_exact(key)) is not None:
+            self._put_memory(found)
+        return found
 
     def get_content(self, key: ContentHash) -> ChunkEntry | None:
         with self._lock:
-            return self._touch(self._by_content.get(key))
+            found = self._touch(self._by_content.get(key))
+        if found is None and self.disk is not None and (found := self.disk.get(key)) is not None:
+            self._put_memory(found)
+        return found
+
+    def prefetch(self, keys: list[WindowKey]) -> None:
+        """Bring chunks holding any of these windows from disk into memory (one batched query)."""
+        if self.disk is None:
+            return
+        with self._lock:
+            missing = [key for key in keys if key not in self._by_window]
+        for content in self.disk.window_hits(missing):
+            self.get_content(content)
 
     def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]:
         with self._lock:
@@ -105,9 +131,12 @@ class ChunkStore:
 
     def mark_used(self, entries: Iterable[ChunkEntry]) -> None:
         """Count a hit for entries a prompt reused (found through window candidates)."""
+        used = {e.content_hash: e for e in entries}
         with self._lock:
-            for entry in {id(e): e for e in entries}.values():
-                self._touch(self._by_content.get(entry.content_hash))
+            for key in used:
+                self._touch(self._by_content.get(key))
+        if self.disk is not None and used:
+            self.disk.touch(used)
 
     def pin(self, key: ContentHash, pinned: bool = True) -> bool:
         """Keep (or stop keeping) a chunk whatever the budget asks; False if it is not stored."""
@@ -122,16 +151,26 @@ class ChunkStore:
 
     def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
         with self._lock:
-            return all(self.pin(chunk, pinned) for chunk in self._documents.get(doc_key, [None]))  # type: ignore[list-item]
+            in_memory = all(self.pin(chunk, pinned) for chunk in self._documents.get(doc_key, [None]))  # type: ignore[list-item]
+        on_disk = self.disk.pin_document(doc_key, pinned) if self.disk is not None else False
+        return in_memory or on_disk
 
     def has_document(self, doc_key: bytes) -> bool:
+        """Whether every chunk of the document is stored, in memory or on disk."""
         with self._lock:
             chunks = self._documents.get(doc_key)
-            return chunks is not None and all(c in self._by_content for c in chunks)
+            if chunks is not None and all(c in self._by_content for c in chunks):
+                return True
+        return self.disk is not None and self.disk.has_document(doc_key)
 
     # writes ------------------------------------------------------------------------------
     def put(self, entry: ChunkEntry) -> bool:
-        """Store an entry; False when an equal one is there or it cannot fit the budget."""
+        """Store an entry (document chunks on disk too); False when it was there already or
+        fits nowhere."""
+        on_disk = self.disk.put(entry) if self.disk is not None and entry.approximate_ok else False
+        return self._put_memory(entry) or on_disk
+
+    def _put_memory(self, entry: ChunkEntry) -> bool:
         with self._lock:
             if entry.prefix_hash is not None and entry.prefix_hash in self._by_prefix:
                 self._touch(self._by_prefix[entry.prefix_hash])  # same chain, same KV
@@ -166,9 +205,12 @@ class ChunkStore:
                 return False
             return True
 
-    def add_document(self, doc_key: bytes, chunks: list[ContentHash]) -> None:
+    def add_document(self, doc_key: bytes, chunks: list[ContentHash], fingerprint: Fingerprint, tokens: int) -> None:
+        """Record a document once all its chunks are stored (on disk: only then is it complete)."""
         with self._lock:
             self._documents[doc_key] = chunks
+        if self.disk is not None:
+            self.disk.put_document(doc_key, fingerprint, chunks, tokens)
 
     def clear(self) -> None:
         with self._lock:

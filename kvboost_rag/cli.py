@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 app = typer.Typer(help="Position-independent KV cache reuse for RAG.", no_args_is_help=True)
+cache_app = typer.Typer(help="Inspect and maintain the persistent chunk store.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+CacheDir = Annotated[Path | None, typer.Option(help="the chunk store directory (default: the user cache)")]
+UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def store_dir(cache_dir: Path | None) -> Path:
+    from .model_loader import cache_dir as user_cache
+
+    return cache_dir or user_cache() / "chunks"
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '500MB', '1048576' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)?\s*", text.lower())
+    if match is None:
+        raise typer.BadParameter(f"not a size: {text!r} (try 2GiB or 500MB)")
+    return int(float(match[1]) * UNITS[match[2] or "b"])
 
 
 @app.callback()
@@ -132,6 +152,101 @@ def eval_command(
     typer.echo(format_table(report))
     paths = write(report, out, f"eval_k{k}_n{len(chosen)}")
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+@app.command()
+def warm(
+    paths: Annotated[list[Path], typer.Argument(help=".txt, .md, .json, .jsonl (.gz) files or directories")],
+    cache_dir: CacheDir = None,
+    model: Annotated[str | None, typer.Option(help="model name, folder or GGUF; default the embedded one")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16")] = None,
+    chunk_size: Annotated[int, typer.Option()] = 128,
+    chunking: Annotated[str, typer.Option(help="fixed, semantic or adaptive")] = "fixed",
+    quantization: Annotated[str | None, typer.Option(help="int8 or int4 (default: none)")] = None,
+    warm_prefix: Annotated[str, typer.Option(help="text encoded before each document, not kept")] = "",
+    memory_budget: Annotated[str, typer.Option(help="memory for chunks while warming")] = "1GiB",
+) -> None:
+    """Pre-warm documents into the persistent chunk store. Idempotent and resumable: documents
+    already stored are skipped without model work, so an interrupted run continues."""
+    from tqdm import tqdm
+
+    from . import EngineConfig, KVBoostRAG
+    from .corpus_files import document_files, read_documents
+
+    try:
+        files = document_files(paths)
+        documents = [doc for path in files for doc in read_documents(path)]
+        config = EngineConfig(
+            chunk_size=chunk_size,
+            chunking=chunking,
+            kv_quantization=quantization,
+            warm_prefix=warm_prefix,  # type: ignore[arg-type]
+            memory_budget_bytes=parse_bytes(memory_budget),
+            cache_dir=str(store_dir(cache_dir)),
+        )
+    except (ValueError, FileNotFoundError) as error:
+        raise typer.BadParameter(str(error)) from error
+    if not documents:
+        raise typer.BadParameter("no documents found in " + ", ".join(map(str, paths)))
+    engine = KVBoostRAG.from_pretrained(model, dtype=dtype, config=config)
+    sizes = [len(engine.tokenizer(d, add_special_tokens=False).input_ids) for d in documents]
+    new = skipped = chunks = 0
+    with tqdm(total=sum(sizes), unit="tok", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
+        for document, size in zip(documents, sizes):
+            report = engine.warm(document)
+            new, skipped, chunks = (
+                new + report.documents - report.skipped_documents,
+                skipped + report.skipped_documents,
+                chunks + report.chunks_stored,
+            )
+            bar.update(size)
+    typer.echo(
+        f"{len(documents)} documents from {len(files)} files: {new} warmed ({chunks} chunks), "
+        f"{skipped} already warm. Store: {config.cache_dir}"
+    )
+
+
+@cache_app.command("stats")
+def cache_stats(cache_dir: CacheDir = None) -> None:
+    """What is stored: documents, chunks and bytes per model."""
+    from .disk_store import DiskStore
+
+    store = DiskStore(store_dir(cache_dir), match_window=16)
+    rows = store.stats()
+    typer.echo(f"{store.root}")
+    typer.echo(f"{'model fingerprint':18} {'documents':>9} {'chunks':>8} {'MiB':>9} {'pinned':>7}")
+    for row in rows:
+        typer.echo(
+            f"{row.fingerprint:18} {row.documents:9} {row.chunks:8} {row.bytes / 2**20:9.1f} {row.pinned_chunks:7}"
+        )
+    if not rows:
+        typer.echo("(empty)")
+
+
+@cache_app.command("verify")
+def cache_verify(cache_dir: CacheDir = None) -> None:
+    """Check every stored chunk; corrupted ones are dropped (and recomputed when next warmed)."""
+    from .disk_store import DiskStore
+
+    report = DiskStore(store_dir(cache_dir), match_window=16).verify()
+    typer.echo(
+        f"checked {report.checked} chunks: {len(report.dropped)} dropped, {report.orphans_removed} stray files removed"
+    )
+    if report.dropped:
+        raise typer.Exit(code=1)
+
+
+@cache_app.command("prune")
+def cache_prune(
+    budget: Annotated[str, typer.Option(help="keep at most this much, e.g. 2GiB")],
+    cache_dir: CacheDir = None,
+) -> None:
+    """Evict least recently used, unpinned chunks until the store fits the budget."""
+    from .disk_store import DiskStore
+
+    store = DiskStore(store_dir(cache_dir), match_window=16)
+    evicted = store.prune(parse_bytes(budget))
+    typer.echo(f"evicted {evicted} chunks; {store.total_bytes() / 2**20:.1f} MiB stored")
 
 
 if __name__ == "__main__":

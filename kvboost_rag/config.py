@@ -75,6 +75,8 @@ class EngineConfig:
     warm_prefix: str = ""
     # Warmed chunks kept KIVI-quantized ("int8" or "int4"), dequantized when a prompt reuses them.
     kv_quantization: Literal["int8", "int4"] | None = None
+    # A directory for the persistent chunk store, shared by processes; None keeps chunks in memory only.
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:

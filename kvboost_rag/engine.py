@@ -80,20 +80,20 @@ class KVBoostRAG:
         self.unsupported_reason = unsupported_reason
         if not reuse_supported and self.config.mode == "reuse":
             self.config.mode = "full"
-        self.store = store or ChunkStore(self.config.memory_budget_bytes, self.config.match_window)
         first_param = next(model.parameters())
         self.device, self.dtype = first_param.device, first_param.dtype
+        self.store = store or _default_store(self.config, self.device)
         self.fingerprint = model_fingerprint(model, tokenizer, self.dtype)
         prefix = self.config.warm_prefix
         self._warm_prefix_tokens = np.asarray(tokenizer(prefix).input_ids if prefix else [], dtype=np.int64)
-        # Warmed chunks depend on the warm prefix and quantization too: their keys say which.
-        quantization = self.config.kv_quantization or ""
-        self.document_fingerprint = (
-            fingerprint_from_parts(
-                [self.fingerprint, b"warm-prefix", self._warm_prefix_tokens.tobytes(), quantization]
-            )
-            if prefix or quantization
-            else self.fingerprint
+        # Warmed chunks depend on how they were cut, encoded and kept too: their keys say so.
+        self.document_fingerprint = fingerprint_from_parts(
+            [
+                self.fingerprint,
+                self._warm_prefix_tokens.tobytes(),
+                self.config.kv_quantization or "",
+                f"{self.config.chunking}:{self.config.chunk_size}:{self.config.adaptive_slack}",
+            ]
         )
         self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prefix_lock = threading.Lock()
@@ -198,7 +198,7 @@ class KVBoostRAG:
                 importance=value_norm(values[:, :, start + chunk_start : start + chunk_end]),
             )
             stored += self.store.put(entry)
-        self.store.add_document(doc_key, contents)
+        self.store.add_document(doc_key, contents, fingerprint, len(tokens))
         return stored
 
     def _stored(self, kv: torch.Tensor, quantizer: Any) -> torch.Tensor | QuantizedTensor:
@@ -416,6 +416,15 @@ class KVBoostRAG:
         for token, text in zip(missing, self.tokenizer.batch_decode([[t] for t in missing])):
             self._token_texts[token] = text
         return [self._token_texts[int(t)] for t in tokens]
+
+
+def _default_store(config: EngineConfig, device: torch.device) -> ChunkStore:
+    disk = None
+    if config.cache_dir is not None:
+        from .disk_store import DiskStore
+
+        disk = DiskStore(config.cache_dir, config.match_window, device)
+    return ChunkStore(config.memory_budget_bytes, config.match_window, disk=disk)
 
 
 def _find_stop(text: str, stops: list[str], search_from: int) -> int | None:

@@ -11,14 +11,20 @@ import torch
 from .hashing import Fingerprint, fingerprint_from_parts
 from .model_support import rope_parameters
 
+# Where the weights came from and how they were stored on disk do not change the KV.
+IGNORED_CONFIG_KEYS = {"quantization_config", "transformers_version", "dtype", "torch_dtype"}
+
 
 def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerprint:
-    """Cheap but specific: config, a sample of the weights, the vocabulary, dtype and RoPE settings."""
+    """Cheap but specific: config, a sample of every weight tensor (so fine-tunes of one base
+    differ), the vocabulary, dtype and RoPE settings."""
     config = model.config.get_text_config(decoder=True)
-    config_json = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    settings = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in IGNORED_CONFIG_KEYS}
+    config_json = json.dumps(settings, sort_keys=True, default=str)
     weight_sample = hashlib.sha256()
-    for tensor in (model.get_input_embeddings().weight, next(reversed(list(model.parameters())))):
-        weight_sample.update(tensor.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    for name, tensor in model.named_parameters():
+        weight_sample.update(name.encode())
+        weight_sample.update(tensor.detach().flatten()[:256].float().cpu().numpy().tobytes())
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
     return fingerprint_from_parts(
         [

@@ -101,6 +101,7 @@ def _approximate_segments(tokens: np.ndarray, start: int, store: ChunkStore, fin
     if len(tokens) - start < window:
         return []
     keys = window_keys(fingerprint, tokens[start:], window)
+    store.prefetch(keys)
     segments: list[Segment] = []
     covered = start
     i = start

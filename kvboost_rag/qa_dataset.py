@@ -46,17 +46,24 @@ def default_nq_path() -> Path:
     raise FileNotFoundError(f"NQ-Open not found; set {NQ_ENV} or place it at {NQ_CANDIDATES[0]}")
 
 
-def load_qa(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[QAExample]:
-    path = Path(path) if path is not None else default_nq_path()
+def read_records(path: str | os.PathLike[str]) -> list[Any]:
+    """The records of a jsonl file or a json list, gzipped or not."""
+    path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as handle:
         raw = handle.read()
-    stripped = raw.lstrip()
-    records: list[Any] = (
-        json.loads(raw) if stripped.startswith("[") else [json.loads(line) for line in raw.splitlines() if line.strip()]
-    )
-    examples = [_example(i, r, path) for i, r in enumerate(records[:limit] if limit else records)]
-    return examples
+    try:
+        if raw.lstrip().startswith("["):
+            return json.loads(raw)
+        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not json lines or a json list ({error})") from error
+
+
+def load_qa(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[QAExample]:
+    path = Path(path) if path is not None else default_nq_path()
+    records = read_records(path)
+    return [_example(i, r, path) for i, r in enumerate(records[:limit] if limit else records)]
 
 
 def _example(index: int, record: Any, path: Path) -> QAExample:

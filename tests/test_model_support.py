@@ -108,3 +108,15 @@ def test_other_families_reuse_like_the_default(
     moved = "Some other text first.\n" + document + "\nQuestion?"
     result = tiny.generate(moved, max_new_tokens=2)
     assert result.reused_approximate_tokens >= len(tiny.tokenizer(document).input_ids) - 4
+
+
+def test_gguf_file_loads_directly(engine: KVBoostRAG) -> None:
+    """A GGUF path works like a folder: the embedded default's file gives the converted model's logits."""
+    from kvboost_rag.model_loader import default_model_gguf
+
+    direct = KVBoostRAG.from_pretrained(default_model_gguf(), dtype="float32")
+    prompt = "The capital of France is"
+    a, _ = direct.next_token_logits(prompt, mode="full")
+    b, _ = engine.next_token_logits(prompt, mode="full")
+    assert direct.fingerprint == engine.fingerprint, "same weights, tokenizer and dtype: one cache"
+    assert (a - b).abs().max().item() <= 1e-4

@@ -86,3 +86,17 @@ def test_long_document_spans_chunks_and_is_followed_across_them(fresh_engine: KV
     _, plan = fresh_engine.next_token_logits("Read this:\n" + document + "\nDone?", mode="reuse")
     assert plan.tokens("approximate") >= n - 3
     assert plan.approximate_chunks >= n // fresh_engine.config.chunk_size
+
+
+@pytest.mark.parametrize("chunking", ["semantic", "adaptive"])
+def test_other_chunkings_reuse_alike(engine: KVBoostRAG, passages: list[str], chunking: str) -> None:
+    from kvboost_rag import EngineConfig
+
+    chunked = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(chunking=chunking, chunk_size=48))
+    document = "\n".join(passages[16:19])
+    report = chunked.warm(document)
+    assert report.chunks_stored >= doc_token_count(chunked, document) // 64
+    _, plan = chunked.next_token_logits("Read:\n" + document + "\nQ?", mode="reuse")
+    assert plan.tokens("approximate") >= doc_token_count(chunked, document) - 3
+    head, full_plan = chunked.next_token_logits(document + "\nQ?", mode="reuse")
+    assert full_plan.exact_chunks >= 1, "a prompt that starts with the document hits its chunks EXACT"

@@ -108,7 +108,13 @@ def test_pinned_documents_survive_warming_past_the_budget(engine: KVBoostRAG, pa
 def sized_entry(seed: int, fingerprint: bytes, value_scale: float = 1.0) -> ChunkEntry:
     e = entry(list(range(seed * 100, seed * 100 + 16)), fingerprint)
     return ChunkEntry(
-        e.tokens, e.keys, torch.full_like(e.values, value_scale), 0, fingerprint, e.content_hash, e.prefix_hash  # type: ignore[arg-type]
+        e.tokens,
+        e.keys,
+        torch.full_like(e.values, value_scale),
+        0,
+        fingerprint,
+        e.content_hash,
+        e.prefix_hash,  # type: ignore[arg-type]
     )
 
 

@@ -1,0 +1,178 @@
+"""The persistent store: shared by processes, atomic, checked on load, within budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.disk_store import DiskStore
+
+CLI = [sys.executable, "-m", "kvboost_rag.cli"]
+
+
+def corpus(passages: list[str], count: int) -> list[str]:
+    documents = list(passages)
+    while len(documents) < count:
+        documents += [f"{p}\nCopy {len(documents)}." for p in passages]
+    return documents[:count]
+
+
+def write_jsonl(path: Path, documents: list[str]) -> Path:
+    path.write_text("\n".join(json.dumps({"title": "", "text": d}) for d in documents))
+    return path
+
+
+def tiny_engine(model_dir: Path, cache: Path, **config: object) -> KVBoostRAG:
+    return KVBoostRAG.from_pretrained(model_dir, dtype="float32", config=EngineConfig(cache_dir=str(cache), **config))
+
+
+def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, **kwargs)  # type: ignore[call-overload]
+
+
+def test_entries_round_trip_dense_and_quantized(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    for quantization in (None, "int8", "int4"):
+        cache = tmp_path / f"store-{quantization}"
+        writer = tiny_engine(tiny_model_dir, cache, kv_quantization=quantization)
+        writer.warm(passages[:3])
+        stored = list(writer.store)
+        reader = DiskStore(cache, match_window=16)
+        for entry in stored:
+            loaded = reader.get(entry.content_hash)
+            assert loaded is not None and (loaded.tokens == entry.tokens).all()
+            for a, b in zip(loaded.dense_kv(), entry.dense_kv()):
+                assert (a == b).all()
+            assert loaded.next_chunk == entry.next_chunk and loaded.base_position == entry.base_position
+
+
+def test_fresh_process_reuses_with_zero_recompute(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    documents = passages[:4]
+    data = write_jsonl(tmp_path / "docs.jsonl", documents)
+    cache = tmp_path / "store"
+    warmed = run(
+        [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    )
+    assert warmed.returncode == 0, warmed.stderr
+    assert "4 warmed" in warmed.stdout
+    script = textwrap.dedent(f"""
+        import json, sys
+        from kvboost_rag import EngineConfig, KVBoostRAG
+        engine = KVBoostRAG.from_pretrained({str(tiny_model_dir)!r}, dtype="float32",
+                                            config=EngineConfig(cache_dir={str(cache)!r}))
+        documents = json.loads(sys.stdin.read())
+        report = engine.warm(documents)
+        result = engine.generate("Context:\\n" + "\\n\\n".join(documents[::-1]) + "\\nQ?", max_new_tokens=1)
+        print(json.dumps({{"encoded": report.tokens_encoded, "skipped": report.skipped_documents,
+                           "reused": result.reused_approximate_tokens, "prompt": result.prompt_tokens}}))
+    """)
+    fresh = run([sys.executable, "-c", script], input=json.dumps(documents))
+    assert fresh.returncode == 0, fresh.stderr
+    numbers = json.loads(fresh.stdout.strip().splitlines()[-1])
+    assert numbers["encoded"] == 0 and numbers["skipped"] == 4
+    assert numbers["reused"] >= 0.85 * numbers["prompt"]
+
+
+def test_corrupted_or_truncated_files_are_dropped_and_recomputed(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    cache = tmp_path / "store"
+    tiny_engine(tiny_model_dir, cache).warm(passages[:4])
+    files = sorted((cache / "kv").rglob("*.safetensors"))
+    assert len(files) >= 4
+    data = bytearray(files[0].read_bytes())
+    data[-100] ^= 0xFF  # one flipped bit pattern inside a tensor
+    files[0].write_bytes(bytes(data))
+    files[1].write_bytes(files[1].read_bytes()[: len(data) // 2])  # truncated
+    fresh = tiny_engine(tiny_model_dir, cache)
+    prompt = "\n\n".join(passages[:4]) + "\nQ?"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, plan = fresh.next_token_logits(prompt)  # loads every chunk the prompt holds
+    assert any("corrupted" in str(w.message) for w in caught)
+    assert plan.tokens("computed") > 0, "what was damaged is computed, never served"
+    DiskStore(cache, 16).verify(orphan_age_s=0)  # finds what the prompt did not load
+    report = fresh.warm(passages[:4])
+    assert report.tokens_encoded > 0 and report.skipped_documents <= 3, "the damaged documents are recomputed"
+    assert DiskStore(cache, 16).verify(orphan_age_s=0).dropped == []
+    assert tiny_engine(tiny_model_dir, cache).warm(passages[:4]).tokens_encoded == 0
+
+
+def test_sigkill_during_warm_leaves_nothing_half_written(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    documents = corpus(passages, 400)
+    data = write_jsonl(tmp_path / "docs.jsonl", documents)
+    cache = tmp_path / "store"
+    args = [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((cache / "kv").rglob("*.safetensors"))) < 40:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    store = DiskStore(cache, 16)
+    partial = store.stats()
+    assert partial and 0 < partial[0].documents < len(documents), "killed midway"
+    assert store.verify(orphan_age_s=0).dropped == [], "every indexed chunk is whole"
+    resumed = run(args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{partial[0].documents} already warm" in resumed.stdout
+    assert DiskStore(cache, 16).stats()[0].documents == len(documents)
+
+
+def test_two_processes_warming_at_once_end_consistent(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    documents = corpus(passages, 120)
+    data = write_jsonl(tmp_path / "docs.jsonl", documents)
+    cache = tmp_path / "store"
+    args = [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    processes = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+    store = DiskStore(cache, 16)
+    assert store.verify(orphan_age_s=0).dropped == []
+    assert store.stats()[0].documents == len(documents)
+    assert tiny_engine(tiny_model_dir, cache).warm(documents).tokens_encoded == 0
+
+
+def test_prune_keeps_pinned_documents_and_the_budget(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    cache = tmp_path / "store"
+    engine = tiny_engine(tiny_model_dir, cache)
+    engine.warm(passages[0], pin=True)
+    engine.warm(passages[1:10])
+    store = DiskStore(cache, 16)
+    budget = store.total_bytes() // 3
+    assert store.prune(budget) > 0
+    assert store.total_bytes() <= budget
+    fresh = tiny_engine(tiny_model_dir, cache)
+    assert fresh.warm(passages[0]).tokens_encoded == 0, "pinned: still stored"
+    assert fresh.warm(passages[1:10]).tokens_encoded > 0, "evicted ones are warmed again"
+
+
+def test_cache_commands(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    folder = tmp_path / "docs"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "a.txt").write_text(passages[0])
+    (folder / "nested" / "b.md").write_text(passages[1])
+    write_jsonl(folder / "c.jsonl", passages[2:4])
+    cache = tmp_path / "store"
+    warmed = run([*CLI, "warm", str(folder), "--cache-dir", str(cache), "--model", str(tiny_model_dir)])
+    assert warmed.returncode == 0 and "4 documents from 3 files: 4 warmed" in warmed.stdout, warmed.stderr
+    stats = run([*CLI, "cache", "stats", "--cache-dir", str(cache)])
+    assert stats.returncode == 0 and " 4 " in stats.stdout
+    verify = run([*CLI, "cache", "verify", "--cache-dir", str(cache)])
+    assert verify.returncode == 0 and "0 dropped" in verify.stdout
+    prune = run([*CLI, "cache", "prune", "--budget", "0", "--cache-dir", str(cache)])
+    assert prune.returncode == 0 and "0.0 MiB stored" in prune.stdout
+    missing = run([*CLI, "warm", str(tmp_path / "nope.txt"), "--cache-dir", str(cache)])
+    assert missing.returncode != 0 and "does not exist" in missing.stderr
