@@ -77,6 +77,8 @@ class EngineConfig:
     kv_quantization: Literal["int8", "int4"] | None = None
     # A directory for the persistent chunk store, shared by processes; None keeps chunks in memory only.
     cache_dir: str | None = None
+    # Bytes the persistent store may hold; least recently used unpinned chunks are pruned past it.
+    disk_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:

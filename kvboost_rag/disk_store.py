@@ -66,10 +66,17 @@ class VerifyReport:
 class DiskStore:
     """Thread-safe within a process (one connection behind a lock); SQLite serializes processes."""
 
-    def __init__(self, root: str | os.PathLike[str], match_window: int, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        match_window: int,
+        device: str | torch.device = "cpu",
+        budget_bytes: int | None = None,
+    ) -> None:
         self.root = Path(root)
         self.match_window = match_window
         self.device = torch.device(device)
+        self.budget_bytes = budget_bytes  # enforced after each document, by prune
         (self.root / "kv").mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.root / "index.sqlite", timeout=60, check_same_thread=False)
@@ -77,6 +84,7 @@ class DiskStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         with self._db:
             self._db.executescript(SCHEMA)
+        self._written_since_check = 0
 
     def close(self) -> None:
         with self._lock:
@@ -147,6 +155,7 @@ class DiskStore:
                     "INSERT INTO windows (key, content_hash, offset) VALUES (?,?,?)",
                     [(key, entry.content_hash, i * self.match_window) for i, key in enumerate(keys)],
                 )
+        self._written_since_check += path.stat().st_size if inserted else 0
         return bool(inserted)
 
     def put_document(self, doc_key: bytes, fingerprint: Fingerprint, chunks: list[ContentHash], tokens: int) -> None:
@@ -155,6 +164,11 @@ class DiskStore:
                 "INSERT OR REPLACE INTO documents (doc_key, fingerprint, chunks, tokens, created) VALUES (?,?,?,?,?)",
                 (doc_key, fingerprint, b"".join(chunks), tokens, time.time()),
             )
+        if self.budget_bytes is not None and self._written_since_check >= self.budget_bytes // 20:
+            # NOTE: summing the index costs a scan, so it runs once per 5% of the budget written.
+            self._written_since_check = 0
+            if self.total_bytes() > self.budget_bytes:
+                self.prune(int(self.budget_bytes * 0.9))
 
     def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
         with self._lock, self._db:

@@ -423,7 +423,7 @@ def _default_store(config: EngineConfig, device: torch.device) -> ChunkStore:
     if config.cache_dir is not None:
         from .disk_store import DiskStore
 
-        disk = DiskStore(config.cache_dir, config.match_window, device)
+        disk = DiskStore(config.cache_dir, config.match_window, device, config.disk_budget_bytes)
     return ChunkStore(config.memory_budget_bytes, config.match_window, disk=disk)
 
 

@@ -176,3 +176,13 @@ def test_cache_commands(tiny_model_dir: Path, tmp_path: Path, passages: list[str
     assert prune.returncode == 0 and "0.0 MiB stored" in prune.stdout
     missing = run([*CLI, "warm", str(tmp_path / "nope.txt"), "--cache-dir", str(cache)])
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+
+
+def test_disk_budget_holds_while_warming(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    probe = tiny_engine(tiny_model_dir, tmp_path / "probe")
+    probe.warm(passages[:5])
+    five_documents = DiskStore(tmp_path / "probe", 16).total_bytes()
+    cache = tmp_path / "store"
+    engine = tiny_engine(tiny_model_dir, cache, disk_budget_bytes=five_documents)
+    engine.warm(corpus(passages, 40))
+    assert DiskStore(cache, 16).total_bytes() <= five_documents * 1.05  # at most one check interval over
