@@ -245,11 +245,13 @@ class KVBoostRAG:
         repair: RepairStrategy | RepairConfig | None = None,
         store_prompt: bool | None = None,
         return_first_logits: bool = False,
+        timeout_s: float | None = None,
     ) -> GenerationStream:
         """Stream text deltas; bad input raises here, before any model work.
 
         `repair` overrides the engine's repair (a strategy name or a RepairConfig);
-        `return_first_logits` keeps the first token's fp32 logits on the result, for evals.
+        `return_first_logits` keeps the first token's fp32 logits on the result, for evals;
+        `timeout_s` ends decoding once that much time has passed (finish_reason "timeout").
         """
         started = time.perf_counter()
         params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, list(stop or []))
@@ -261,6 +263,9 @@ class KVBoostRAG:
             raise PromptTooLongError(
                 f"prompt has {len(tokens)} tokens; the context window of {self.name} is {self.max_context}"
             )
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        deadline = started + timeout_s if timeout_s is not None else float("inf")
         store_prompt = self.config.store_prompt_prefixes if store_prompt is None else store_prompt
         steps = self._run(
             tokens,
@@ -271,6 +276,7 @@ class KVBoostRAG:
             return_first_logits,
             started,
             tokenize_s,
+            deadline,
         )
         return GenerationStream(steps)
 
@@ -317,6 +323,7 @@ class KVBoostRAG:
         return_first_logits: bool,
         started: float,
         tokenize_s: float,
+        deadline: float,
     ) -> Iterator[str]:
         timings = StageTimings(tokenize_s=tokenize_s)
         mark = time.perf_counter()
@@ -351,6 +358,9 @@ class KVBoostRAG:
                 yield text[emitted:safe]
                 emitted = safe
             if len(generated) >= max_new:
+                break
+            if time.perf_counter() > deadline:
+                finish = "timeout"
                 break
             position = torch.tensor([len(tokens) + len(generated) - 1], device=self.device)
             with self._model_lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["stop", "eos", "length"]
+FinishReason = Literal["stop", "eos", "length", "timeout"]
 
 
 @dataclass(slots=True)

@@ -109,3 +109,10 @@ def test_bad_documents_are_refused_before_any_work(fresh_engine: KVBoostRAG) -> 
     with pytest.raises(TypeError, match="document 0"):
         fresh_engine.warm([b"bytes"])  # type: ignore[list-item]
     assert fresh_engine.store.stats().entries == 0, "nothing half-warmed"
+
+
+def test_timeout_ends_decoding(engine: KVBoostRAG) -> None:
+    result = engine.generate(CHAT, max_new_tokens=64, mode="full", timeout_s=1e-6)
+    assert result.finish_reason == "timeout" and result.new_tokens == 1
+    with pytest.raises(ValueError, match="timeout_s"):
+        engine.stream(CHAT, timeout_s=0)

@@ -1,0 +1,102 @@
+"""ChatKVBoost: a LangChain chat model whose prompts reuse the KV of warmed documents."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+from langchain_kvboost._engine import EngineFields, response_metadata, usage
+
+ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool", "chat": "user"}
+
+
+class ChatKVBoost(EngineFields, BaseChatModel):
+    """A local HuggingFace chat model through kvboost-rag.
+
+    Swap it into an existing chain: documents warmed beforehand (by `KVBoostRetrievalWarmer`,
+    `warm_documents` or `kvboost-rag warm`) are reused wherever they land in the prompt.
+    `usage_metadata.input_token_details.cache_read` is the number of prompt tokens reused.
+
+        chat = ChatKVBoost(cache_dir="~/.cache/kvboost-rag/chunks")
+        chat.invoke("Hello")
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "kvboost-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self.model_label, "temperature": self.temperature, "max_tokens": self.max_tokens}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params.update(
+            ls_provider="kvboost",
+            ls_model_name=kwargs.get("model", self.model_label),
+            ls_temperature=self.temperature,
+            ls_max_tokens=self.max_tokens,
+        )
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        stream = self.open_stream(to_chat(messages), stop, **kwargs)
+        for delta in stream:
+            if run_manager:
+                run_manager.on_llm_new_token(delta)
+        result = stream.result
+        assert result is not None
+        message = AIMessage(
+            content=result.text,
+            usage_metadata=usage(result),  # type: ignore[arg-type]
+            response_metadata=response_metadata(result, self.model_label),
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        stream = self.open_stream(to_chat(messages), stop, **kwargs)
+        for delta in stream:  # each token as the engine produces it
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+            if run_manager:
+                run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+        result = stream.result
+        assert result is not None
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                usage_metadata=usage(result),  # type: ignore[arg-type]
+                response_metadata=response_metadata(result, self.model_label),
+                chunk_position="last",
+            )
+        )
+
+
+def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    """LangChain messages as chat-template messages (text parts only)."""
+    chat = []
+    for message in messages:
+        role = ROLES.get(message.type)
+        if role is None:
+            raise ValueError(f"unsupported message type {message.type!r}")
+        chat.append({"role": role, "content": message.text})
+    return chat

@@ -1,0 +1,25 @@
+"""LangChain's standard unit tests for ChatKVBoost (no model is loaded: the engine is lazy)."""
+
+from __future__ import annotations
+
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langchain_kvboost import ChatKVBoost
+
+
+class TestChatKVBoostUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[ChatKVBoost]:
+        return ChatKVBoost
+
+    @property
+    def chat_model_params(self) -> dict:
+        return {"model": "SmolLM2-135M-Instruct"}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return False  # the reuse engine generates text; tool calling is not implemented
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False
