@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 import time
@@ -21,8 +20,7 @@ from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.disk_store import DiskStore
 from kvboost_rag.evaluation import Variant, run_eval
 from kvboost_rag.kv_cache import forward_last_logits, make_cache
-from kvboost_rag.qa_dataset import corpus, load_qa
-from kvboost_rag.retrieval import PassageIndex
+from kvboost_rag.retrieval import sample_nq
 
 FORMATS = {
     "fp32": ("float32", None),
@@ -42,10 +40,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_store.json")
     args = parser.parse_args()
-    examples = load_qa()
-    chosen = random.Random(3).sample(examples, args.questions)
-    retrieved = PassageIndex.build(corpus(examples)).search([e.question for e in chosen], args.k)
-    passages_for = lambda i: [p.as_document() for p in retrieved[i]]  # noqa: E731
+    chosen, retrieved = sample_nq(args.questions, args.k, seed=3)
+    passages_for = lambda i: list(retrieved[i])  # noqa: E731
 
     report: dict = {"questions": args.questions, "k": args.k, "formats": {}}
     models: dict[str, KVBoostRAG] = {}

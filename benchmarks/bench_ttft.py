@@ -22,8 +22,7 @@ import torch
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.config import RepairConfig
 from kvboost_rag.prompting import rag_messages
-from kvboost_rag.qa_dataset import corpus, load_qa
-from kvboost_rag.retrieval import PassageIndex
+from kvboost_rag.retrieval import sample_nq
 
 # name -> (mode, repair); "reuse" alone is reuse without repair, the position-independent floor.
 VARIANTS = {
@@ -49,17 +48,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_ttft.json")
     args = parser.parse_args()
 
-    examples = load_qa()
-    index = PassageIndex.build(corpus(examples))
-    chosen = random.Random(args.seed).sample(examples, args.questions)
-    retrieved = index.search([e.question for e in chosen], max(args.k))
+    chosen, retrieved = sample_nq(args.questions, max(args.k), seed=args.seed)
 
     engine = KVBoostRAG.from_pretrained(dtype=args.dtype, config=EngineConfig(memory_budget_bytes=12 * 1024**3))
     # Prefix caching gets a store of its own that only ever holds earlier prompts, as in vLLM.
     prefix_engine = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=4 * 1024**3))
     engine_of = {name: prefix_engine if mode == "prefix" else engine for name, (mode, _) in VARIANTS.items()}
 
-    documents = list(dict.fromkeys(p.as_document() for row in retrieved for p in row))
+    documents = list(dict.fromkeys(d for row in retrieved for d in row))
     warm = engine.warm(documents)
     print(f"warmed {warm.documents} passages, {warm.tokens_encoded} tokens, in {warm.seconds:.1f} s")
 
@@ -87,7 +83,7 @@ def main() -> None:
     for k in args.k:
         rows: dict[str, list] = {name: [] for name in names}
         for q, (example, passages) in enumerate(zip(chosen, retrieved)):
-            docs = [p.as_document() for p in passages[:k]]
+            docs = list(passages[:k])
             rng.shuffle(docs)
             messages = rag_messages(example.question, docs)
             for name in names[q % len(names) :] + names[: q % len(names)]:  # no variant always runs first

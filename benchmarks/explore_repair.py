@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
 
 from tqdm import tqdm
@@ -17,8 +16,7 @@ from kvboost_rag import KVBoostRAG
 from kvboost_rag.config import RepairConfig
 from kvboost_rag.eval_report import format_table
 from kvboost_rag.evaluation import Variant, run_eval
-from kvboost_rag.qa_dataset import corpus, load_qa
-from kvboost_rag.retrieval import PassageIndex
+from kvboost_rag.retrieval import sample_nq
 
 SETTINGS = {
     "none": RepairConfig(strategy="none"),
@@ -49,16 +47,14 @@ def main() -> None:
     parser.add_argument("--warm-prefix", default=None, help="EngineConfig.warm_prefix (default: the engine's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "explore_repair.json")
     args = parser.parse_args()
-    examples = load_qa()
-    chosen = random.Random(1).sample(examples, args.questions)
-    retrieved = PassageIndex.build(corpus(examples)).search([e.question for e in chosen], args.k)
+    chosen, retrieved = sample_nq(args.questions, args.k, seed=1)
     engine = KVBoostRAG.from_pretrained(**({} if args.warm_prefix is None else {"warm_prefix": args.warm_prefix}))
     names = args.only or list(SETTINGS)
     variants = [Variant("full", "full")] + [Variant(n, "reuse", SETTINGS[n]) for n in names]
     report = run_eval(
         engine,
         chosen,
-        lambda i: [p.as_document() for p in retrieved[i]],
+        lambda i: list(retrieved[i]),
         variants,
         max_new_tokens=1,
         progress=lambda it: tqdm(it, unit="q"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,9 +17,8 @@ from kvboost_rag import KVBoostRAG
 from kvboost_rag.kv_cache import forward_last_logits, make_cache, stacked_kv
 from kvboost_rag.matching import plan_reuse
 from kvboost_rag.prompting import rag_messages
-from kvboost_rag.qa_dataset import corpus, load_qa
 from kvboost_rag.repair import reused_runs
-from kvboost_rag.retrieval import PassageIndex
+from kvboost_rag.retrieval import sample_nq
 
 OFFSET_BINS = [(0, 1), (1, 4), (4, 16), (16, 64), (64, 10_000)]
 
@@ -37,16 +35,14 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "where_error_sits.json")
     args = parser.parse_args()
-    examples = load_qa()
-    chosen = random.Random(2).sample(examples, args.questions)
-    retrieved = PassageIndex.build(corpus(examples)).search([e.question for e in chosen], args.k)
+    chosen, retrieved = sample_nq(args.questions, args.k, seed=2)
     engine = KVBoostRAG.from_pretrained(dtype="float32")
 
     by_layer: dict[str, list[torch.Tensor]] = defaultdict(list)
     by_offset: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     by_rank: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for example, passages in zip(chosen, retrieved):
-        documents = [p.as_document() for p in passages]
+        documents = list(passages)
         engine.warm(documents)
         tokens = engine.tokenize_prompt(rag_messages(example.question, documents[::-1]))
         plan = plan_reuse(

@@ -81,7 +81,7 @@ def eval_command(
     from . import KVBoostRAG
     from .eval_report import format_table, write
     from .evaluation import DEFAULT_TEMPLATE, Variant, rho_variants, run_eval, standard_variants
-    from .qa_dataset import corpus, default_nq_path, load_qa
+    from .qa_dataset import default_nq_path, load_qa
 
     path = data or default_nq_path()
     examples = load_qa(path)
@@ -112,11 +112,10 @@ def eval_command(
     if use_ctxs:
         passages_for = lambda i: [p.as_document() for p in chosen[i].passages[:k]]  # noqa: E731
     else:
-        from .retrieval import PassageIndex
+        from .retrieval import retrieve_documents
 
-        index = PassageIndex.build(corpus(examples))
-        retrieved = index.search([e.question for e in chosen], k)
-        passages_for = lambda i: [p.as_document() for p in retrieved[i]]  # noqa: E731
+        retrieved = retrieve_documents(examples, chosen, k)
+        passages_for = lambda i: list(retrieved[i])  # noqa: E731
     template_text = DEFAULT_TEMPLATE
     if template:
         template_text = Path(template).read_text() if Path(template).is_file() else template

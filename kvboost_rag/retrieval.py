@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 from pathlib import Path
 
 import numpy as np
 
 from .model_loader import cache_dir
-from .qa_dataset import Passage
+from .qa_dataset import Passage, QAExample, corpus, load_qa
 
 
 def default_embedder_path() -> Path:
@@ -67,3 +68,16 @@ class PassageIndex:
         vectors = self._embedder.encode(queries, normalize_embeddings=True, convert_to_numpy=True)
         _, ids = self._index.search(np.asarray(vectors, dtype=np.float32), min(k, len(self.passages)))
         return [[self.passages[i] for i in row if i >= 0] for row in ids]
+
+
+def retrieve_documents(corpus_of: list[QAExample], questions: list[QAExample], k: int) -> list[list[str]]:
+    """Top-k passages (as prompt documents) for each question, from all passages of `corpus_of`."""
+    index = PassageIndex.build(corpus(corpus_of))
+    return [[p.as_document() for p in row] for row in index.search([q.question for q in questions], k)]
+
+
+def sample_nq(count: int, k: int, seed: int) -> tuple[list[QAExample], list[list[str]]]:
+    """`count` NQ-Open questions drawn with `seed`, each with its top-k retrieved documents."""
+    examples = load_qa()
+    chosen = random.Random(seed).sample(examples, count)
+    return chosen, retrieve_documents(examples, chosen, k)

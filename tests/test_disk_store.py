@@ -34,6 +34,10 @@ def tiny_engine(model_dir: Path, cache: Path, **config: object) -> KVBoostRAG:
     return KVBoostRAG.from_pretrained(model_dir, dtype="float32", config=EngineConfig(cache_dir=str(cache), **config))
 
 
+def warm_args(data: Path, cache: Path, model: Path) -> list[str]:
+    return [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(model), "--dtype", "float32"]
+
+
 def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, **kwargs)  # type: ignore[call-overload]
 
@@ -111,7 +115,7 @@ def test_sigkill_during_warm_leaves_nothing_half_written(
     documents = corpus(passages, 400)
     data = write_jsonl(tmp_path / "docs.jsonl", documents)
     cache = tmp_path / "store"
-    args = [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    args = warm_args(data, cache, tiny_model_dir)
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and len(list((cache / "kv").rglob("*.safetensors"))) < 40:
@@ -134,7 +138,7 @@ def test_two_processes_warming_at_once_end_consistent(
     documents = corpus(passages, 120)
     data = write_jsonl(tmp_path / "docs.jsonl", documents)
     cache = tmp_path / "store"
-    args = [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    args = warm_args(data, cache, tiny_model_dir)
     processes = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for process in processes:
         _, stderr = process.communicate(timeout=300)

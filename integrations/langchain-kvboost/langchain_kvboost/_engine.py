@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
 
 
 class EngineFields(BaseModel):
@@ -55,6 +56,10 @@ class EngineFields(BaseModel):
             config = EngineConfig(cache_dir=self.cache_dir)
             self._engine = KVBoostRAG.from_pretrained(self.model, dtype=self.dtype, device=self.device, config=config)
         return self._engine
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self.model_label, "temperature": self.temperature, "max_tokens": self.max_tokens}
 
     @property
     def model_label(self) -> str:

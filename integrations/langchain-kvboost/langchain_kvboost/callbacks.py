@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from kvboost_rag import KVBoostRAG
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
+
+from kvboost_rag import KVBoostRAG
 
 
 class KVBoostRetrievalWarmer(BaseCallbackHandler):

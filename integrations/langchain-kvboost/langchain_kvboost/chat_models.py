@@ -30,10 +30,6 @@ class ChatKVBoost(EngineFields, BaseChatModel):
     def _llm_type(self) -> str:
         return "kvboost-chat"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model_label, "temperature": self.temperature, "max_tokens": self.max_tokens}
-
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params.update(

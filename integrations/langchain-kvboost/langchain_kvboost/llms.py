@@ -19,10 +19,6 @@ class KVBoostLLM(EngineFields, LLM):
     def _llm_type(self) -> str:
         return "kvboost"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model_label, "temperature": self.temperature, "max_tokens": self.max_tokens}
-
     def _call(
         self,
         prompt: str,
@@ -49,6 +45,10 @@ class KVBoostLLM(EngineFields, LLM):
         assert result is not None
         yield GenerationChunk(
             text="",
-            generation_info={"finish_reason": result.finish_reason, "ttft_s": result.ttft_s,
-                             "cache_read": result.reused_tokens, "prompt_tokens": result.prompt_tokens},
+            generation_info={
+                "finish_reason": result.finish_reason,
+                "ttft_s": result.ttft_s,
+                "cache_read": result.reused_tokens,
+                "prompt_tokens": result.prompt_tokens,
+            },
         )

@@ -6,8 +6,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from kvboost_rag import KVBoostRAG, WarmReport
 from langchain_core.documents import Document
+
+from kvboost_rag import KVBoostRAG, WarmReport
 
 
 def warm_documents(engine: KVBoostRAG, documents: Sequence[Document], **kwargs: Any) -> WarmReport | None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from functools import cache
 
-from kvboost_rag import KVBoostRAG
 from langchain_core.messages import AIMessage
+from langchain_kvboost import ChatKVBoost
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
-from langchain_kvboost import ChatKVBoost
+from kvboost_rag import KVBoostRAG
 
 DOCUMENT = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "

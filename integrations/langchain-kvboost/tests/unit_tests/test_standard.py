@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from langchain_tests.unit_tests import ChatModelUnitTests
-
 from langchain_kvboost import ChatKVBoost
+from langchain_tests.unit_tests import ChatModelUnitTests
 
 
 class TestChatKVBoostUnit(ChatModelUnitTests):
