@@ -12,7 +12,7 @@ from .hashing import Fingerprint, fingerprint_from_parts
 from .model_support import rope_parameters
 
 # Where the weights came from and how they were stored on disk do not change the KV.
-IGNORED_CONFIG_KEYS = {"quantization_config", "transformers_version", "dtype", "torch_dtype"}
+IGNORED_CONFIG_KEYS = {"quantization_config", "transformers_version", "dtype", "torch_dtype", "architectures"}
 
 
 def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerprint:
