@@ -80,7 +80,10 @@ def plot(report: EvalReport, path: Path) -> None:
             axis.annotate(name, (stats["ttft_median_s"], stats["em"]), xytext=(4, 4), textcoords="offset points")
     axis.set_xlabel("median TTFT (s)")
     axis.set_ylabel("EM (best subspan)")
-    axis.set_title(f"TTFT vs EM, {report.settings.get('data', '')} k={report.settings.get('k', '')}")
+    title = f"TTFT vs EM, {report.settings.get('data', '')} k={report.settings.get('k', '')}"
+    if sweep:
+        title += f"\n(dashed: CacheBlend rho sweep on the first {int(sweep[0][1]['questions'])} questions)"
+    axis.set_title(title, fontsize=10)
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

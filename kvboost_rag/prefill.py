@@ -55,8 +55,9 @@ class PrefillRunner:
                 prefill = self._plain(tokens, with_recomputed(plan, recompute), timings)
                 prefill.repair_tokens = len(recompute)
                 # NOTE: one pass computes repaired and uncached tokens together; repair_s is the
-                # share of that pass's time that its tokens take.
+                # share of that pass's time that its tokens take, and prefill_s the rest.
                 timings.repair_s = timings.prefill_s * len(recompute) / (plan.tokens("computed") + len(recompute))
+                timings.prefill_s -= timings.repair_s
                 return prefill
         return self._plain(tokens, plan, timings)
 
