@@ -48,7 +48,7 @@ def main() -> None:
         plan = plan_reuse(
             tokens, engine._boundaries(tokens), engine.store, engine.fingerprint, engine.document_fingerprint, "reuse"
         )
-        keys, values, positions = engine._assemble(plan)
+        keys, values, positions = engine._prefill.assemble(plan)
         cache = make_cache()
         forward_last_logits(engine.model, torch.from_numpy(tokens), torch.arange(len(tokens)), cache)
         full_keys, full_values = stacked_kv(cache)
