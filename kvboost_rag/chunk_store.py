@@ -151,7 +151,8 @@ class ChunkStore:
 
     def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
         with self._lock:
-            in_memory = all(self.pin(chunk, pinned) for chunk in self._documents.get(doc_key, [None]))  # type: ignore[list-item]
+            chunks = self._documents.get(doc_key)
+            in_memory = chunks is not None and all(self.pin(chunk, pinned) for chunk in chunks)
         on_disk = self.disk.pin_document(doc_key, pinned) if self.disk is not None else False
         return in_memory or on_disk
 
@@ -211,13 +212,6 @@ class ChunkStore:
             self._documents[doc_key] = chunks
         if self.disk is not None:
             self.disk.put_document(doc_key, fingerprint, chunks, tokens)
-
-    def clear(self) -> None:
-        with self._lock:
-            for entry_id in list(self._entries):
-                self._remove(entry_id)
-            self._heap.clear()
-            self._documents.clear()
 
     # bookkeeping -------------------------------------------------------------------------
     def stats(self) -> StoreStats:

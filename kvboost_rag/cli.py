@@ -189,18 +189,15 @@ def warm(
         raise typer.BadParameter("no documents found in " + ", ".join(map(str, paths)))
     engine = KVBoostRAG.from_pretrained(model, dtype=dtype, config=config)
     sizes = [len(engine.tokenizer(d, add_special_tokens=False).input_ids) for d in documents]
-    new = skipped = chunks = 0
+    skipped = chunks = 0
     with tqdm(total=sum(sizes), unit="tok", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
         for document, size in zip(documents, sizes):
             report = engine.warm(document)
-            new, skipped, chunks = (
-                new + report.documents - report.skipped_documents,
-                skipped + report.skipped_documents,
-                chunks + report.chunks_stored,
-            )
+            skipped += report.skipped_documents
+            chunks += report.chunks_stored
             bar.update(size)
     typer.echo(
-        f"{len(documents)} documents from {len(files)} files: {new} warmed ({chunks} chunks), "
+        f"{len(documents)} documents from {len(files)} files: {len(documents) - skipped} warmed ({chunks} chunks), "
         f"{skipped} already warm. Store: {config.cache_dir}"
     )
 

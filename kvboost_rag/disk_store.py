@@ -129,7 +129,8 @@ class DiskStore:
                 return False
         name = entry.content_hash.hex()
         path = self.root / "kv" / name[:2] / f"{name}.safetensors"
-        _write_atomically(path, _serialize(entry))
+        data = _serialize(entry)
+        _write_atomically(path, data)
         keys = window_keys(entry.fingerprint, entry.tokens, self.match_window)[:: self.match_window]
         now = time.time()
         with self._lock, self._db:
@@ -143,7 +144,7 @@ class DiskStore:
                     entry.base_position,
                     entry.next_chunk,
                     entry.tokens.astype(np.int64).tobytes(),
-                    path.stat().st_size,
+                    len(data),
                     float(entry.importance or 0.0),
                     str(path.relative_to(self.root)),
                     now,
@@ -155,7 +156,7 @@ class DiskStore:
                     "INSERT INTO windows (key, content_hash, offset) VALUES (?,?,?)",
                     [(key, entry.content_hash, i * self.match_window) for i, key in enumerate(keys)],
                 )
-        self._written_since_check += path.stat().st_size if inserted else 0
+        self._written_since_check += len(data) if inserted else 0
         return bool(inserted)
 
     def put_document(self, doc_key: bytes, fingerprint: Fingerprint, chunks: list[ContentHash], tokens: int) -> None:

@@ -286,9 +286,7 @@ class KVBoostRAG:
         """fp32 logits of the first new token and how the prompt was served; stores nothing."""
         mode = self._check_mode(mode)
         tokens = self.tokenize_prompt(prompt)
-        plan = plan_reuse(
-            tokens, self._boundaries(tokens), self.store, self.fingerprint, self.document_fingerprint, mode
-        )
+        plan = self._plan(tokens, self._boundaries(tokens), mode)
         prefill = self._prefill.run(tokens, plan, StageTimings(), self.config.repair.with_strategy(repair))
         return prefill.logits, plan
 
@@ -328,7 +326,7 @@ class KVBoostRAG:
         timings = StageTimings(tokenize_s=tokenize_s)
         mark = time.perf_counter()
         boundaries = self._boundaries(tokens)
-        plan = plan_reuse(tokens, boundaries, self.store, self.fingerprint, self.document_fingerprint, mode)
+        plan = self._plan(tokens, boundaries, mode)
         timings.lookup_s, mark = time.perf_counter() - mark, time.perf_counter()
         prefill = self._prefill.run(tokens, plan, timings, repair)
         cache, logits = prefill.cache, prefill.logits
@@ -341,7 +339,7 @@ class KVBoostRAG:
         emitted, text, finish, ttft = 0, "", "length", 0.0
         while True:
             token = sample_token(logits, params, generator)
-            if not generated and ttft == 0.0:
+            if not generated:  # the first token: an end-of-sequence one breaks out below
                 timings.sample_s = time.perf_counter() - mark
                 ttft = time.perf_counter() - started
             if token in self._stop_ids:
@@ -415,6 +413,9 @@ class KVBoostRAG:
                     approximate_ok=False,
                 )
             )
+
+    def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
+        return plan_reuse(tokens, boundaries, self.store, self.fingerprint, self.document_fingerprint, mode)
 
     def _boundaries(self, tokens: np.ndarray) -> list[int]:
         strategy = self.config.chunking

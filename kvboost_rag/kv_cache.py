@@ -32,10 +32,6 @@ def make_cache(keys: torch.Tensor | None = None, values: torch.Tensor | None = N
     return cache
 
 
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
-
-
 def stacked_kv(cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
     """Every layer's K/V as fresh stacked tensors [L, H, n, D]."""
     keys = torch.stack([layer.keys[0] for layer in cache.layers])
