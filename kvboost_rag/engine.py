@@ -23,6 +23,7 @@ from .kv_cache import (
     make_cache,
     model_shape,
     rotary_module,
+    use_reuse_attention,
     stacked_kv,
 )
 from .matching import ReusePlan, plan_reuse
@@ -100,6 +101,8 @@ class KVBoostRAG:
         text_config = model.config.get_text_config(decoder=True)
         self.max_context: int = int(getattr(text_config, "max_position_embeddings", 0) or 2**31 - 1)
         self._model_lock = threading.Lock()
+        if reuse_supported:
+            use_reuse_attention(model)  # reuse passes are few queries over a long cache
         self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._model_lock)
         self._token_texts: dict[int, str] = {}
         self._stop_ids = _eos_ids(model, tokenizer)

@@ -11,8 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+REUSE_ATTENTION = "kvboost_sdpa"
 
 
 def make_cache(keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> DynamicCache:
@@ -78,6 +82,60 @@ def forward_last_logits(
         logits_to_keep=1,
     )
     return out.logits[0, -1].float()
+
+
+def few_queries_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """sdpa, except for a few queries over a long cache with an explicit mask on a CPU.
+
+    That is every reuse pass: a prompt's uncached tokens, boundary runs, CacheBlend's selected
+    tokens. There the CPU flash kernel with a mask, after copying K/V for every query head,
+    took ~3x the time of two matmuls per key/value head group (bench in README); the result
+    is the same attention (fp32 softmax, tested against sdpa).
+    """
+    batch, heads, queries, head_dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    if (
+        attention_mask is None
+        or query.device.type != "cpu"
+        or 4 * queries > length
+        or dropout
+        or heads % kv_heads
+        or kwargs.get("softcap") is not None
+    ):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    group = heads // kv_heads  # query head h reads key/value head h // group, as repeat_kv lays them out
+    scale = scaling if scaling is not None else head_dim**-0.5
+    grouped = query.reshape(batch, kv_heads, group * queries, head_dim)
+    scores = torch.matmul(grouped, key.transpose(2, 3)).view(batch, kv_heads, group, queries, length)
+    scores = scores.float().mul_(scale)
+    mask = attention_mask[..., :length].unsqueeze(2)  # [b, 1, 1, q, n]: one mask for every head
+    if mask.dtype == torch.bool:
+        scores.masked_fill_(~mask, float("-inf"))
+    else:
+        scores.add_(mask)
+    probs = scores.softmax(dim=-1).to(value.dtype).view(batch, kv_heads, group * queries, length)
+    out = torch.matmul(probs, value).view(batch, heads, queries, head_dim)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_reuse_attention(model: Any) -> None:
+    """Switch a model on sdpa to `few_queries_attention`; other implementations are kept."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return
+    AttentionInterface.register(REUSE_ATTENTION, few_queries_attention)
+    # NOTE: without sdpa's mask function the model would build no mask for an unknown name, and
+    # sdpa would then crop a longer cache to the query length.
+    AttentionMaskInterface.register(REUSE_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(REUSE_ATTENTION)
 
 
 def model_shape(model: Any) -> tuple[int, int, int]:

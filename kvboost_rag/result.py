@@ -78,3 +78,8 @@ class WarmReport:
     chunks_stored: int = 0
     tokens_encoded: int = 0
     seconds: float = 0.0
+
+    @property
+    def encoded_documents(self) -> int:
+        """Documents this call encoded (the others were warm already)."""
+        return self.documents - self.skipped_documents

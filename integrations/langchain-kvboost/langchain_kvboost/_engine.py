@@ -51,10 +51,9 @@ class EngineFields(BaseModel):
         if self.engine is not None:
             return self.engine
         if self._engine is None:
-            from kvboost_rag import EngineConfig
-
-            config = EngineConfig(cache_dir=self.cache_dir)
-            self._engine = KVBoostRAG.from_pretrained(self.model, dtype=self.dtype, device=self.device, config=config)
+            self._engine = KVBoostRAG.from_pretrained(
+                self.model, dtype=self.dtype, device=self.device, cache_dir=self.cache_dir
+            )
         return self._engine
 
     @property

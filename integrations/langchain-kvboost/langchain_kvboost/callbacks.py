@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -11,6 +10,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 
 from kvboost_rag import KVBoostRAG
+from kvboost_rag.framework_hooks import warm_quietly
 
 
 class KVBoostRetrievalWarmer(BaseCallbackHandler):
@@ -27,8 +27,4 @@ class KVBoostRetrievalWarmer(BaseCallbackHandler):
         self.warmed_documents = 0
 
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any) -> None:
-        try:
-            report = self.engine.warm([d.page_content for d in documents if d.page_content.strip()])
-            self.warmed_documents += report.documents - report.skipped_documents
-        except Exception as error:  # noqa: BLE001 - never fail the user's chain
-            warnings.warn(f"kvboost-rag could not warm retrieved documents: {error}", stacklevel=2)
+        self.warmed_documents += warm_quietly(self.engine, (d.page_content for d in documents)).encoded_documents

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 from langchain_core.messages import AIMessage
 from langchain_kvboost import ChatKVBoost
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
-from kvboost_rag import KVBoostRAG
+from tests.integration_tests._shared import shared_engine
 
 DOCUMENT = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
     "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889."
 )
-
-
-@cache
-def shared_engine() -> KVBoostRAG:
-    """One model for every test: the suite builds many ChatKVBoost instances."""
-    return KVBoostRAG.from_pretrained()
 
 
 class TestChatKVBoostIntegration(ChatModelIntegrationTests):

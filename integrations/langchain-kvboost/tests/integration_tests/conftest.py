@@ -1,0 +1,68 @@
+"""Real components, offline: the embedded model, MiniLM embeddings, a FAISS index of NQ passages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from langchain_community.vectorstores import FAISS
+from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import Runnable, RunnablePassthrough
+from langchain_huggingface import HuggingFaceEmbeddings
+
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.chunk_store import ChunkStore
+from kvboost_rag.qa_dataset import load_qa
+from kvboost_rag.retrieval import default_embedder_path
+from tests.integration_tests._shared import shared_engine
+
+PROMPT = ChatPromptTemplate.from_messages(
+    [
+        ("system", "Answer the question using the documents. Reply with a short answer only."),
+        ("human", "Documents:\n\n{context}\n\nQuestion: {question}\nAnswer:"),
+    ]
+)
+
+
+@pytest.fixture()
+def engine() -> KVBoostRAG:
+    """The shared model with an empty store, so tests do not see each other's chunks."""
+    shared = shared_engine()
+    config = EngineConfig()
+    store = ChunkStore(config.memory_budget_bytes, config.match_window)
+    return KVBoostRAG(shared.model, shared.tokenizer, config, store=store, name=shared.name)
+
+
+@pytest.fixture(scope="session")
+def nq_documents() -> list[Document]:
+    return [Document(page_content=e.passages[0].as_document()) for e in load_qa(limit=12)]
+
+
+@pytest.fixture(scope="session")
+def nq_questions() -> list[str]:
+    return [e.question for e in load_qa(limit=12)]
+
+
+@pytest.fixture(scope="session")
+def vectorstore(nq_documents: list[Document]) -> FAISS:
+    embeddings = HuggingFaceEmbeddings(
+        model_name=str(default_embedder_path()), encode_kwargs={"normalize_embeddings": True}
+    )
+    return FAISS.from_documents(nq_documents, embeddings)
+
+
+def format_docs(documents: list[Document]) -> str:
+    return "\n\n".join(d.page_content for d in documents)
+
+
+@pytest.fixture(scope="session")
+def build_chain(vectorstore: FAISS) -> Callable[[BaseChatModel], Runnable]:
+    """The user's LCEL RAG chain, built the same way whatever the chat model: only `model` changes."""
+
+    def build(model: BaseChatModel) -> Runnable:
+        retriever = vectorstore.as_retriever(search_kwargs={"k": 3})
+        return {"context": retriever | format_docs, "question": RunnablePassthrough()} | PROMPT | model
+
+    return build

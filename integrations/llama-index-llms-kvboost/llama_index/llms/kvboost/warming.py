@@ -1,0 +1,92 @@
+"""Warming nodes at ingestion and at retrieval, with the text the LLM will be shown."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMCompletionEndEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
+from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
+
+from kvboost_rag import KVBoostRAG
+from kvboost_rag.framework_hooks import warm_quietly
+
+
+def node_text(node: BaseNode) -> str:
+    """A node as response synthesis puts it in a prompt: metadata header included, stripped."""
+    return node.get_content(metadata_mode=MetadataMode.LLM).strip()
+
+
+class KVBoostWarmTransformation(TransformComponent):
+    """An ingestion-pipeline step: warms each node as it is ingested and passes it on unchanged.
+
+        IngestionPipeline(transformations=[SentenceSplitter(), KVBoostWarmTransformation(engine=engine),
+                                           embed_model], vector_store=vector_store)
+
+    Place it after the splitter, so it warms the nodes that retrieval will return. A node that
+    cannot be warmed becomes a warning: warming never fails ingestion.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    engine: KVBoostRAG = Field(exclude=True)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "KVBoostWarmTransformation"
+
+    def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
+        warm_quietly(self.engine, (node_text(n) for n in nodes))
+        return nodes
+
+
+class KVBoostRetrievalWarmer(BaseEventHandler):
+    """An instrumentation handler: on retrieval end, warms the retrieved nodes before synthesis.
+
+        from llama_index.core.instrumentation import get_dispatcher
+        get_dispatcher().add_event_handler(KVBoostRetrievalWarmer(engine=engine))
+
+    Nodes already warm cost a lookup only. Warming never fails the query: errors become warnings.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    engine: KVBoostRAG = Field(exclude=True)
+    warmed_documents: int = 0
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "KVBoostRetrievalWarmer"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if isinstance(event, RetrievalEndEvent):
+            report = warm_quietly(self.engine, (node_text(n.node) for n in event.nodes))
+            self.warmed_documents += report.encoded_documents
+
+
+class KVBoostResultRecorder(BaseEventHandler):
+    """An instrumentation handler that keeps the generation result of each KVBoostLLM call
+    (TTFT, reused tokens, repair), for a query engine's answers, whose Response drops them."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    _results: list[dict[str, Any]] = PrivateAttr(default_factory=list)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "KVBoostResultRecorder"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if isinstance(event, (LLMChatEndEvent, LLMCompletionEndEvent)) and event.response is not None:
+            raw = event.response.raw
+            if isinstance(raw, dict) and "ttft_s" in raw:
+                with self._lock:
+                    self._results.append(raw)
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._results)

@@ -1,0 +1,74 @@
+"""Real components, offline: the embedded model, MiniLM embeddings, a FAISS index of NQ passages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import faiss
+import pytest
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.llms import LLM
+from llama_index.core.node_parser import SentenceSplitter
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import TransformComponent
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+from llama_index.vector_stores.faiss import FaissVectorStore
+
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.chunk_store import ChunkStore
+from kvboost_rag.qa_dataset import load_qa
+from kvboost_rag.retrieval import default_embedder_path
+
+
+@pytest.fixture(scope="session")
+def shared_engine() -> KVBoostRAG:
+    return KVBoostRAG.from_pretrained()
+
+
+@pytest.fixture()
+def engine(shared_engine: KVBoostRAG) -> KVBoostRAG:
+    """The session's model with an empty store, so tests do not see each other's chunks."""
+    config = EngineConfig()
+    store = ChunkStore(config.memory_budget_bytes, config.match_window)
+    return KVBoostRAG(shared_engine.model, shared_engine.tokenizer, config, store=store, name=shared_engine.name)
+
+
+@pytest.fixture(scope="session")
+def embed_model() -> HuggingFaceEmbedding:
+    return HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def nq_documents() -> list[Document]:
+    """Gold NQ passages, the title as metadata (so the LLM sees a metadata header)."""
+    examples = load_qa(limit=12)
+    return [Document(text=e.passages[0].text, metadata={"title": e.passages[0].title}) for e in examples]
+
+
+@pytest.fixture(scope="session")
+def nq_questions() -> list[str]:
+    return [e.question for e in load_qa(limit=12)]
+
+
+@pytest.fixture(scope="session")
+def top_k() -> int:
+    return 3
+
+
+@pytest.fixture()
+def build_query_engine(
+    nq_documents: list[Document], embed_model: HuggingFaceEmbedding, top_k: int
+) -> Callable[..., RetrieverQueryEngine]:
+    """The user's RAG chain, built the same way whatever the LLM: only `llm` changes."""
+
+    def build(llm: LLM, ingestion: Sequence[TransformComponent] = ()) -> RetrieverQueryEngine:
+        store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(384))
+        index = VectorStoreIndex.from_documents(
+            nq_documents,
+            storage_context=StorageContext.from_defaults(vector_store=store),
+            embed_model=embed_model,
+            transformations=[SentenceSplitter(chunk_size=512, chunk_overlap=0), *ingestion],
+        )
+        return index.as_query_engine(llm=llm, similarity_top_k=top_k)
+
+    return build

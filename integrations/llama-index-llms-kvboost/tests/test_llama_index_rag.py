@@ -1,0 +1,122 @@
+"""A real RAG chain (VectorStoreIndex over FAISS, RetrieverQueryEngine) with KVBoostLLM swapped in."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.llms import MockLLM
+from llama_index.core.schema import NodeWithScore
+from llama_index.llms.kvboost import (
+    KVBoostLLM,
+    KVBoostResultRecorder,
+    KVBoostRetrievalWarmer,
+    KVBoostWarmTransformation,
+    node_text,
+)
+
+from kvboost_rag import KVBoostRAG
+
+
+@pytest.fixture()
+def recorder() -> Iterator[KVBoostResultRecorder]:
+    with attached(KVBoostResultRecorder()) as handler:
+        yield handler
+
+
+class attached:
+    """An instrumentation handler on the root dispatcher for the duration of a block."""
+
+    def __init__(self, handler: BaseEventHandler) -> None:
+        self.handler = handler
+
+    def __enter__(self):
+        get_dispatcher().add_event_handler(self.handler)
+        return self.handler
+
+    def __exit__(self, *exc: object) -> None:
+        get_dispatcher().event_handlers.remove(self.handler)
+
+
+def document_tokens(engine: KVBoostRAG, nodes: list[NodeWithScore]) -> int:
+    return sum(len(engine.tokenizer(node_text(n.node), add_special_tokens=False).input_ids) for n in nodes)
+
+
+def test_swapping_the_llm_is_the_only_change(
+    engine: KVBoostRAG, build_query_engine: Callable[..., Any], nq_questions: list[str], recorder: KVBoostResultRecorder
+) -> None:
+    mock = build_query_engine(MockLLM(max_tokens=4)).query(nq_questions[0])
+    ours = build_query_engine(KVBoostLLM(engine=engine, max_tokens=12)).query(nq_questions[0])
+    assert str(ours).strip() and str(ours) != str(mock)
+    assert [n.node.get_content() for n in ours.source_nodes] == [n.node.get_content() for n in mock.source_nodes]
+    (result,) = recorder.results
+    assert result["prompt_tokens"] > document_tokens(engine, ours.source_nodes)  # the nodes were in its prompt
+
+
+def test_ingestion_warming_makes_the_first_query_reuse_its_documents(
+    engine: KVBoostRAG,
+    build_query_engine: Callable[..., Any],
+    nq_questions: list[str],
+    recorder: KVBoostResultRecorder,
+    top_k: int,
+) -> None:
+    llm = KVBoostLLM(engine=engine, max_tokens=8)
+    query_engine = build_query_engine(llm, ingestion=[KVBoostWarmTransformation(engine=engine)])
+    assert engine.store.stats().documents == 12  # every node, warmed as it was ingested
+    response = query_engine.query(nq_questions[3])
+    (result,) = recorder.results
+    assert len(response.source_nodes) == top_k
+    assert result["reused_approximate_tokens"] >= 0.8 * document_tokens(engine, response.source_nodes)
+
+
+def test_retrieval_warming_works_when_ingestion_did_not(
+    engine: KVBoostRAG,
+    build_query_engine: Callable[..., Any],
+    nq_questions: list[str],
+    recorder: KVBoostResultRecorder,
+    top_k: int,
+) -> None:
+    query_engine = build_query_engine(KVBoostLLM(engine=engine, max_tokens=8))
+    assert engine.store.stats().documents == 0
+    with attached(KVBoostRetrievalWarmer(engine=engine)) as warmer:
+        response = query_engine.query(nq_questions[5])
+    assert warmer.warmed_documents == top_k
+    (result,) = recorder.results
+    assert result["reused_approximate_tokens"] >= 0.8 * document_tokens(engine, response.source_nodes)
+
+
+def test_warming_never_fails_the_pipeline(
+    engine: KVBoostRAG, build_query_engine: Callable[..., Any], nq_questions: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(engine, "warm", broken)
+    with pytest.warns(UserWarning, match="disk full"):
+        query_engine = build_query_engine(
+            KVBoostLLM(engine=engine, max_tokens=4), [KVBoostWarmTransformation(engine=engine)]
+        )
+    with warnings.catch_warnings(record=True) as caught, attached(KVBoostRetrievalWarmer(engine=engine)):
+        warnings.simplefilter("always")
+        response = query_engine.query(nq_questions[0])
+    assert str(response).strip() and any("disk full" in str(w.message) for w in caught)
+
+
+def test_concurrent_queries_answer_as_sequential_ones(
+    engine: KVBoostRAG, build_query_engine: Callable[..., Any], nq_questions: list[str]
+) -> None:
+    query_engine = build_query_engine(
+        KVBoostLLM(engine=engine, max_tokens=10), [KVBoostWarmTransformation(engine=engine)]
+    )
+    questions = nq_questions[:4]
+    sequential = [str(query_engine.query(q)) for q in questions]
+
+    async def concurrently() -> list[str]:
+        return [str(r) for r in await asyncio.gather(*(query_engine.aquery(q) for q in questions))]
+
+    assert asyncio.run(concurrently()) == sequential
