@@ -1,9 +1,30 @@
-"""The table every demo prints: per question, TTFT of a full prefill and with reuse."""
+"""What the demos share: the framework demos' options and the table every demo prints (per
+question, TTFT of a full prefill and with reuse)."""
 
 from __future__ import annotations
 
+import argparse
+import random
 import statistics
 from dataclasses import dataclass
+
+from kvboost_rag.qa_dataset import QAExample, load_qa
+
+
+def framework_demo_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--corpus", type=int, default=100, help="NQ passages in the index")
+    parser.add_argument("--k", type=int, default=5, help="passages retrieved per question")
+    parser.add_argument("--warm-at", choices=["ingestion", "retrieval"], default="ingestion")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def corpus_and_questions(args: argparse.Namespace) -> tuple[list[QAExample], list[str]]:
+    """The first `--corpus` NQ examples (their gold passages are indexed) and questions drawn from them."""
+    examples = load_qa(limit=args.corpus)
+    return examples, [e.question for e in random.Random(args.seed).sample(examples, args.questions)]
 
 
 @dataclass(slots=True)

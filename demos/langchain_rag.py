@@ -8,12 +8,10 @@ vector store (`--warm-at ingestion`, `warm_documents`) or as the retriever retur
 
 from __future__ import annotations
 
-import argparse
-import random
 import time
 import warnings
 
-from demo_table import HEADER, Row, format_row, format_summary
+from demo_table import HEADER, Row, corpus_and_questions, format_row, format_summary, framework_demo_args
 from langchain_community.vectorstores import FAISS
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
@@ -23,7 +21,6 @@ from langchain_kvboost import ChatKVBoost, KVBoostRetrievalWarmer, warm_document
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.prompting import SYSTEM
-from kvboost_rag.qa_dataset import load_qa
 from kvboost_rag.retrieval import default_embedder_path
 
 PROMPT = ChatPromptTemplate.from_messages(
@@ -36,17 +33,9 @@ def format_docs(documents: list[Document]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--questions", type=int, default=8)
-    parser.add_argument("--corpus", type=int, default=100, help="NQ passages in the index")
-    parser.add_argument("--k", type=int, default=5, help="passages retrieved per question")
-    parser.add_argument("--warm-at", choices=["ingestion", "retrieval"], default="ingestion")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    examples = load_qa(limit=args.corpus)
+    args = framework_demo_args(__doc__)
+    examples, questions = corpus_and_questions(args)
     documents = [Document(page_content=e.passages[0].as_document()) for e in examples]
-    questions = [e.question for e in random.Random(args.seed).sample(examples, args.questions)]
     print("Loading the embedded default model and all-MiniLM-L6-v2 ...")
     engine = KVBoostRAG.from_pretrained()
     with warnings.catch_warnings():

@@ -9,12 +9,10 @@ passages are pre-warmed by an ingestion transformation (`--warm-at ingestion`,
 
 from __future__ import annotations
 
-import argparse
-import random
 import time
 
 import faiss
-from demo_table import HEADER, Row, format_row, format_summary
+from demo_table import HEADER, Row, corpus_and_questions, format_row, format_summary, framework_demo_args
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms import ChatMessage
@@ -31,7 +29,6 @@ from llama_index.vector_stores.faiss import FaissVectorStore
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.prompting import SYSTEM
-from kvboost_rag.qa_dataset import load_qa
 from kvboost_rag.retrieval import default_embedder_path
 
 QA_TEMPLATE = ChatPromptTemplate(
@@ -43,17 +40,9 @@ QA_TEMPLATE = ChatPromptTemplate(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--questions", type=int, default=8)
-    parser.add_argument("--corpus", type=int, default=100, help="NQ passages in the index")
-    parser.add_argument("--k", type=int, default=5, help="nodes retrieved per question")
-    parser.add_argument("--warm-at", choices=["ingestion", "retrieval"], default="ingestion")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    examples = load_qa(limit=args.corpus)
+    args = framework_demo_args(__doc__)
+    examples, questions = corpus_and_questions(args)
     documents = [Document(text=e.passages[0].text, metadata={"title": e.passages[0].title}) for e in examples]
-    questions = [e.question for e in random.Random(args.seed).sample(examples, args.questions)]
     print("Loading the embedded default model and all-MiniLM-L6-v2 ...")
     engine = KVBoostRAG.from_pretrained()
     embed_model = HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu")

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.base.llms.types import ChatMessage
-from llama_index.llms.kvboost import KVBoostLLM
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.llms.kvboost import KVBoostLLM, KVBoostResultRecorder
 
 from kvboost_rag import KVBoostRAG
 
@@ -92,3 +93,25 @@ def test_bad_input_is_a_clear_error(shared_engine: KVBoostRAG) -> None:
         KVBoostLLM(max_tokens=0)
     with pytest.raises(ValueError, match="mode"):
         llm.complete(PROMPT, mode="fastest")
+
+
+def test_each_call_is_one_llm_event(shared_engine: KVBoostRAG) -> None:
+    """The async variants run the sync work in a thread without dispatching a second event."""
+    llm = KVBoostLLM(engine=shared_engine, max_tokens=3)
+    recorder = KVBoostResultRecorder()
+    get_dispatcher().add_event_handler(recorder)
+
+    async def run() -> None:
+        await llm.acomplete(PROMPT)
+        await llm.achat(MESSAGES)
+        [r async for r in await llm.astream_chat(MESSAGES)]
+
+    try:
+        llm.complete(PROMPT)
+        list(llm.stream_complete(PROMPT))
+        llm.chat(MESSAGES)
+        asyncio.run(run())
+    finally:
+        get_dispatcher().event_handlers.remove(recorder)
+    assert len(recorder.results) == 6
+    assert all(r["usage"]["completion_tokens"] <= 3 for r in recorder.results)

@@ -90,19 +90,12 @@ class KVBoostLLM(CustomLLM):
             repair=kwargs.get("repair", self.repair),
         )
 
-    def _as_prompt(self, prompt: str, formatted: bool) -> str:
-        return prompt if formatted else self.completion_to_prompt(prompt)
+    # Each public method is one LlamaIndex event; the async ones run the sync work in a worker
+    # thread (the engine serializes forward passes itself), so the event loop stays free.
 
     # completion: the raw prompt, no chat template ------------------------------------------
-    @llm_completion_callback()
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        stream = self._open(self._as_prompt(prompt, formatted), kwargs)
-        text = "".join(stream)
-        return CompletionResponse(text=text, raw=_raw(stream.result))
-
-    @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        stream = self._open(self._as_prompt(prompt, formatted), kwargs)
+    def _completions(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
+        stream = self._open(prompt if formatted else self.completion_to_prompt(prompt), kwargs)
 
         def responses() -> CompletionResponseGen:
             text = ""
@@ -113,25 +106,29 @@ class KVBoostLLM(CustomLLM):
 
         return responses()
 
+    def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
+        final = _last(self._completions(prompt, formatted, kwargs))
+        return CompletionResponse(text=final.text, raw=final.raw)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._complete(prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        return self._completions(prompt, formatted, kwargs)
+
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        # NOTE: the engine serializes forward passes itself; a worker thread keeps the loop free.
-        return await asyncio.to_thread(self.complete, prompt, formatted, **kwargs)
+        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        return _in_threads(self.stream_complete(prompt, formatted, **kwargs))
+        return _in_threads(self._completions(prompt, formatted, kwargs))
 
     # chat: the model's chat template -------------------------------------------------------
-    @llm_chat_callback()
-    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        stream = self._open(_to_chat(messages), kwargs)
-        text = "".join(stream)
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), raw=_raw(stream.result))
-
-    @llm_chat_callback()
-    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        stream = self._open(_to_chat(messages), kwargs)
+    def _chats(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
+        stream = self._open([{"role": m.role.value, "content": m.content or ""} for m in messages], kwargs)
 
         def responses() -> ChatResponseGen:
             text = ""
@@ -144,17 +141,32 @@ class KVBoostLLM(CustomLLM):
 
         return responses()
 
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+        final = _last(self._chats(messages, kwargs))
+        return ChatResponse(message=final.message, raw=final.raw)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._chat(messages, kwargs)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._chats(messages, kwargs)
+
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self.chat, messages, **kwargs)
+        return await asyncio.to_thread(self._chat, messages, kwargs)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        return _in_threads(self.stream_chat(messages, **kwargs))
+        return _in_threads(self._chats(messages, kwargs))
 
 
-def _to_chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role.value, "content": m.content or ""} for m in messages]
+def _last(responses: Iterator[Any]) -> Any:
+    last = None
+    for last in responses:
+        pass
+    return last
 
 
 def _raw(result: GenerationResult | None) -> dict[str, Any]:
