@@ -23,8 +23,8 @@ from .kv_cache import (
     make_cache,
     model_shape,
     rotary_module,
-    use_reuse_attention,
     stacked_kv,
+    use_reuse_attention,
 )
 from .matching import ReusePlan, plan_reuse
 from .model_loader import load_model, resolve_dtype

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvboost_rag import EngineConfig, KVBoostRAG
-from kvboost_rag.chunk_store import ChunkStore
+from kvboost_rag import KVBoostRAG
 from kvboost_rag.qa_dataset import load_qa
 
 
@@ -17,14 +16,7 @@ def engine() -> KVBoostRAG:
 @pytest.fixture()
 def fresh_engine(engine: KVBoostRAG) -> KVBoostRAG:
     """The session's model with an empty store, so tests do not see each other's chunks."""
-    config = EngineConfig()
-    return KVBoostRAG(
-        engine.model,
-        engine.tokenizer,
-        config,
-        store=ChunkStore(config.memory_budget_bytes, config.match_window),
-        name=engine.name,
-    )
+    return KVBoostRAG(engine.model, engine.tokenizer, name=engine.name)  # a new engine, a new memory store
 
 
 @pytest.fixture(scope="session")

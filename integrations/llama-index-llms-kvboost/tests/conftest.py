@@ -14,8 +14,7 @@ from llama_index.core.schema import TransformComponent
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from llama_index.vector_stores.faiss import FaissVectorStore
 
-from kvboost_rag import EngineConfig, KVBoostRAG
-from kvboost_rag.chunk_store import ChunkStore
+from kvboost_rag import KVBoostRAG
 from kvboost_rag.qa_dataset import load_qa
 from kvboost_rag.retrieval import default_embedder_path
 
@@ -28,9 +27,7 @@ def shared_engine() -> KVBoostRAG:
 @pytest.fixture()
 def engine(shared_engine: KVBoostRAG) -> KVBoostRAG:
     """The session's model with an empty store, so tests do not see each other's chunks."""
-    config = EngineConfig()
-    store = ChunkStore(config.memory_budget_bytes, config.match_window)
-    return KVBoostRAG(shared_engine.model, shared_engine.tokenizer, config, store=store, name=shared_engine.name)
+    return KVBoostRAG(shared_engine.model, shared_engine.tokenizer, name=shared_engine.name)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import pytest
 from llama_index.core.instrumentation import get_dispatcher
@@ -22,6 +23,8 @@ from llama_index.llms.kvboost import (
 
 from kvboost_rag import KVBoostRAG
 
+Handler = TypeVar("Handler", bound=BaseEventHandler)
+
 
 @pytest.fixture()
 def recorder() -> Iterator[KVBoostResultRecorder]:
@@ -29,18 +32,14 @@ def recorder() -> Iterator[KVBoostResultRecorder]:
         yield handler
 
 
-class attached:
+@contextmanager
+def attached(handler: Handler) -> Iterator[Handler]:
     """An instrumentation handler on the root dispatcher for the duration of a block."""
-
-    def __init__(self, handler: BaseEventHandler) -> None:
-        self.handler = handler
-
-    def __enter__(self):
-        get_dispatcher().add_event_handler(self.handler)
-        return self.handler
-
-    def __exit__(self, *exc: object) -> None:
-        get_dispatcher().event_handlers.remove(self.handler)
+    get_dispatcher().add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        get_dispatcher().event_handlers.remove(handler)
 
 
 def document_tokens(engine: KVBoostRAG, nodes: list[NodeWithScore]) -> int:

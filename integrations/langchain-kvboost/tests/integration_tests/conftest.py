@@ -12,15 +12,15 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
 
-from kvboost_rag import EngineConfig, KVBoostRAG
-from kvboost_rag.chunk_store import ChunkStore
+from kvboost_rag import KVBoostRAG
+from kvboost_rag.prompting import SYSTEM
 from kvboost_rag.qa_dataset import load_qa
 from kvboost_rag.retrieval import default_embedder_path
 from tests.integration_tests._shared import shared_engine
 
 PROMPT = ChatPromptTemplate.from_messages(
     [
-        ("system", "Answer the question using the documents. Reply with a short answer only."),
+        ("system", SYSTEM),
         ("human", "Documents:\n\n{context}\n\nQuestion: {question}\nAnswer:"),
     ]
 )
@@ -30,9 +30,7 @@ PROMPT = ChatPromptTemplate.from_messages(
 def engine() -> KVBoostRAG:
     """The shared model with an empty store, so tests do not see each other's chunks."""
     shared = shared_engine()
-    config = EngineConfig()
-    store = ChunkStore(config.memory_budget_bytes, config.match_window)
-    return KVBoostRAG(shared.model, shared.tokenizer, config, store=store, name=shared.name)
+    return KVBoostRAG(shared.model, shared.tokenizer, name=shared.name)
 
 
 @pytest.fixture(scope="session")
