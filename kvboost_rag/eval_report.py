@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from .evaluation import EvalReport
+from .evaluation import CLEAR_MARGIN, EvalReport
 
 COLUMNS = [
     ("questions", "n", "{:.0f}"),
@@ -15,6 +15,7 @@ COLUMNS = [
     ("f1", "F1", "{:.1%}"),
     ("first_token_agreement", "1st tok agree", "{:.1%}"),
     ("answer_agreement", "answer agree", "{:.1%}"),
+    ("first_token_agreement_clear", "1st tok agree, clear", "{:.1%}"),
     ("first_token_kl_mean", "1st tok KL", "{:.3f}"),
     ("ttft_median_s", "TTFT med", "{:.3f}s"),
     ("ttft_mean_s", "TTFT mean", "{:.3f}s"),
@@ -51,6 +52,8 @@ def markdown(report: EvalReport) -> str:
         "Settings: " + ", ".join(f"{k}={v}" for k, v in report.settings.items()),
         "",
         "EM diff is paired against full prefill on the same questions, with its 95% interval.",
+        f"'clear': questions whose full-prefill first token leads the runner-up by >= {CLEAR_MARGIN:g} in"
+        " probability; the others are near-ties that any small change can flip.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

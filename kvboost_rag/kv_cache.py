@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -98,9 +99,27 @@ def few_queries_attention(
 
     That is every reuse pass: a prompt's uncached tokens, boundary runs, CacheBlend's selected
     tokens. There the CPU flash kernel with a mask, after copying K/V for every query head,
-    took ~3x the time of two matmuls per key/value head group (bench in README); the result
-    is the same attention (fp32 softmax, tested against sdpa).
+    took ~3x the time of two matmuls per key/value head group (bench in README).
+    Scores stay in the model's dtype (the softmax kernel accumulates in fp32 anyway): in bf16
+    that is ~2x sdpa's error against fp32 attention and no measurable change in first-token KL
+    (benchmarks/bench_attention.py), where fp32 scores would double the attention time.
     """
+    blend = _ACTIVE_BLEND.get()
+    if blend is not None and blend.narrows(module, query):
+        return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
+    return _grouped_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+def _grouped_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     batch, heads, queries, head_dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     if (
@@ -114,17 +133,35 @@ def few_queries_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     group = heads // kv_heads  # query head h reads key/value head h // group, as repeat_kv lays them out
     scale = scaling if scaling is not None else head_dim**-0.5
-    grouped = query.reshape(batch, kv_heads, group * queries, head_dim)
+    grouped = (query * scale).reshape(batch, kv_heads, group * queries, head_dim)
     scores = torch.matmul(grouped, key.transpose(2, 3)).view(batch, kv_heads, group, queries, length)
-    scores = scores.float().mul_(scale)
     mask = attention_mask[..., :length].unsqueeze(2)  # [b, 1, 1, q, n]: one mask for every head
     if mask.dtype == torch.bool:
         scores.masked_fill_(~mask, float("-inf"))
     else:
         scores.add_(mask)
-    probs = scores.softmax(dim=-1).to(value.dtype).view(batch, kv_heads, group * queries, length)
+    probs = scores.softmax(dim=-1).view(batch, kv_heads, group * queries, length)
     out = torch.matmul(probs, value).view(batch, heads, queries, head_dim)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _attend_selected(
+    blend: SelectiveCache,
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *args: Any,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The check layer's attention for the selected queries only; other rows are zeros, as the
+    next layer drops those tokens (the layer's MLP still runs on them)."""
+    assert blend.selected is not None and blend.selected_mask is not None
+    selected, _ = _grouped_attention(
+        module, query.index_select(2, blend.selected), key, value, blend.selected_mask, *args, **kwargs
+    )
+    out = selected.new_zeros(query.shape[0], query.shape[2], *selected.shape[2:])
+    return out.index_copy_(1, blend.selected, selected), None
 
 
 def use_reuse_attention(model: Any) -> None:
@@ -152,6 +189,8 @@ def rotary_module(model: Any) -> Any:
 
 
 Selector = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+# The CacheBlend pass running in this thread, for the attention path's check-layer narrowing.
+_ACTIVE_BLEND: ContextVar[SelectiveCache | None] = ContextVar("kvboost_active_blend", default=None)
 
 
 class SelectiveCache(DynamicCache):
@@ -169,12 +208,24 @@ class SelectiveCache(DynamicCache):
         self.check_layer = check_layer
         self._select = select
         self.selected: torch.Tensor | None = None
+        self.selected_mask: torch.Tensor | None = None  # [1, 1, selected, N]: exact, by position
         self.selected_at: float = 0.0
+
+    def narrows(self, module: Any, query: torch.Tensor) -> bool:
+        """Whether this attention call is the check layer's over every token, after selection:
+        only the selected tokens go on, so only their queries need attention."""
+        return (
+            self.selected is not None
+            and getattr(module, "layer_idx", None) == self.check_layer
+            and query.shape[2] == self.mixed_keys.shape[2] > self.selected.numel()
+        )
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         if layer_idx <= self.check_layer:
             if layer_idx == self.check_layer:
                 self.selected = self._select(layer_idx, key_states[0], value_states[0])
+                positions = torch.arange(self.mixed_keys.shape[2], device=self.selected.device)
+                self.selected_mask = mixed_attention_mask(self.selected, positions, self.mixed_keys.dtype)
                 self.selected_at = time.perf_counter()
             self.mixed_keys[layer_idx].copy_(key_states[0])
             self.mixed_values[layer_idx].copy_(value_states[0])
@@ -195,18 +246,14 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
     """
     n = input_ids.numel()
     positions = torch.arange(n, device=input_ids.device)
-    dtype = next(model.parameters()).dtype
-    narrowed: dict[str, Any] = {}
 
     def narrow(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         selected = cache.selected
         assert selected is not None
-        if not narrowed:
-            narrowed["mask"] = mixed_attention_mask(positions[selected], positions, dtype)
         hidden = args[0] if args else kwargs.pop("hidden_states")
         if hidden.shape[1] == n:
             hidden = hidden.index_select(1, selected)
-        kwargs["attention_mask"] = narrowed["mask"]
+        kwargs["attention_mask"] = cache.selected_mask
         if kwargs.get("position_embeddings") is not None:
             kwargs["position_embeddings"] = tuple(t.index_select(1, selected) for t in kwargs["position_embeddings"])
         if kwargs.get("position_ids") is not None:
@@ -215,6 +262,7 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
 
     layers = decoder_layers(model)
     handles = [layer.register_forward_pre_hook(narrow, with_kwargs=True) for layer in layers[cache.check_layer + 1 :]]
+    active = _ACTIVE_BLEND.set(cache)
     try:
         out = model(
             input_ids=input_ids.view(1, -1),
@@ -224,6 +272,7 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
             logits_to_keep=1,
         )
     finally:
+        _ACTIVE_BLEND.reset(active)
         for handle in handles:
             handle.remove()
     return out.logits[0, -1].float()

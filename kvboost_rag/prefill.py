@@ -61,20 +61,36 @@ class PrefillRunner:
                 return prefill
         return self._plain(tokens, plan, timings)
 
-    def assemble(self, plan: ReusePlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def assemble(
+        self, plan: ReusePlan, in_position_order: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Cached K/V [L, H, n, D] of the plan's reused segments, keys moved to their new
-        positions, and those positions."""
+        positions, and those positions.
+
+        Slots follow the segments (n = cached tokens), or with `in_position_order` the prompt's
+        positions (n = prompt tokens), where the slots of uncached tokens are left unwritten for
+        the caller to fill.
+        """
         cached = [s for s in plan.segments if s.kind != "computed"]
         dense = {id(s.entry): s.entry.dense_kv() for s in cached}  # dequantized once per entry
-        keys = torch.cat([dense[id(s.entry)][0][:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
-        values = torch.cat([dense[id(s.entry)][1][:, :, s.offset : s.offset + len(s)] for s in cached], dim=2)
-        positions = _positions(cached, self.device)
-        source = torch.cat(
-            [torch.arange(len(s), device=self.device) + s.entry.base_position + s.offset for s in cached]
-        )
+        some_keys = dense[id(cached[0].entry)][0]
+        layers, heads, _, head_dim = some_keys.shape
+        slots = plan.segments[-1].end if in_position_order else sum(len(s) for s in cached)
+        keys = some_keys.new_empty(layers, heads, slots, head_dim, device=self.device)
+        values = torch.empty_like(keys)
+        deltas = torch.zeros(slots, dtype=torch.long, device=self.device)
+        slot = 0
+        for s in cached:
+            start = s.start if in_position_order else slot
+            end, source = start + len(s), s.entry.base_position + s.offset
+            entry_keys, entry_values = dense[id(s.entry)]
+            keys[:, :, start:end] = entry_keys[:, :, s.offset : s.offset + len(s)]
+            values[:, :, start:end] = entry_values[:, :, s.offset : s.offset + len(s)]
+            deltas[start:end] = s.start - source
+            slot = end
         if self.rotary is not None:
-            keys = rerotate_keys(keys, positions - source, self.rotary)
-        return keys.to(self.device), values.to(self.device), positions
+            rerotate_keys(keys, deltas, self.rotary, in_place=True)
+        return keys, values, _positions(cached, self.device)
 
     def _plain(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings) -> Prefill:
         """Cached KV first in the cache, then one pass over the uncached tokens at their true
@@ -103,10 +119,10 @@ class PrefillRunner:
         """CacheBlend: every token through layers 0..check_layer, then only the selected ones."""
         mark = time.perf_counter()
         n = len(tokens)
-        keys, values, cached_positions = self.assemble(plan)
-        layers, heads, _, head_dim = keys.shape
-        mixed_keys = keys.new_zeros(layers, heads, n, head_dim).index_copy_(2, cached_positions, keys)
-        mixed_values = values.new_zeros(layers, heads, n, head_dim).index_copy_(2, cached_positions, values)
+        # NOTE: the slots of uncached tokens stay unwritten: they are always selected, so every
+        # layer writes them before attention reads them.
+        mixed_keys, mixed_values, cached_positions = self.assemble(plan, in_position_order=True)
+        layers = mixed_keys.shape[0]
         moved = torch.zeros(n, dtype=torch.bool, device=self.device)
         moved[_positions([s for s in plan.segments if s.kind == "approximate"], self.device)] = True
         forced = torch.ones(n, dtype=torch.bool, device=self.device)

@@ -20,8 +20,11 @@ def delta_cos_sin(rotary_emb: Any, deltas: torch.Tensor) -> tuple[torch.Tensor, 
     return cos[0].float() / scale, sin[0].float() / scale
 
 
-def rerotate_keys(keys: torch.Tensor, deltas: torch.Tensor, rotary_emb: Any) -> torch.Tensor:
-    """Keys [outer, ..., n, head_dim] rotated by deltas [n]; returned in the keys' dtype."""
+def rerotate_keys(keys: torch.Tensor, deltas: torch.Tensor, rotary_emb: Any, *, in_place: bool = False) -> torch.Tensor:
+    """Keys [outer, ..., n, head_dim] rotated by deltas [n]; returned in the keys' dtype.
+
+    `in_place` writes them back into `keys`, which saves a copy of a whole prompt's keys.
+    """
     if keys.shape[-2] != deltas.numel():
         raise ValueError(f"{deltas.numel()} deltas for {keys.shape[-2]} key positions")
     if not torch.any(deltas):
@@ -29,12 +32,13 @@ def rerotate_keys(keys: torch.Tensor, deltas: torch.Tensor, rotary_emb: Any) -> 
     cos, sin = delta_cos_sin(rotary_emb, deltas.to(keys.device))
     half = cos.shape[-1] // 2  # rotary halves repeat the same frequencies: cos = cat(c, c)
     cos, sin = cos[:, :half], sin[:, :half]
-    rotated = torch.empty_like(keys)
-    rotated[..., 2 * half :] = keys[..., 2 * half :]  # partial rotary: the rest stays as it is
+    rotated = keys if in_place else torch.empty_like(keys)
+    if not in_place:
+        rotated[..., 2 * half :] = keys[..., 2 * half :]  # partial rotary: the rest stays as it is
     # NOTE: one outer slice (a layer) at a time keeps the fp32 temporaries in cache: ~9x faster
     # than converting the whole stack at once on a CPU.
     for outer in range(keys.shape[0]):
-        k = keys[outer].float()
+        k = keys[outer, ..., : 2 * half].to(torch.float32, copy=True)  # a copy: `rotated` may be `keys`
         first, second = k[..., :half], k[..., half : 2 * half]
         rotated[outer, ..., :half] = first * cos - second * sin
         rotated[outer, ..., half : 2 * half] = second * cos + first * sin

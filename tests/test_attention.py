@@ -31,6 +31,28 @@ def test_matches_sdpa(boolean_mask: bool, heads: int, kv_heads: int) -> None:
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
+def test_bfloat16_is_as_close_to_fp32_attention_as_sdpa_in_bfloat16() -> None:
+    """Scores stay in bf16 (sdpa keeps them in fp32): the error may grow, within a small factor."""
+    torch.manual_seed(0)
+    heads, kv_heads, length, queries, head_dim = 9, 3, 400, 60, 64
+    query = torch.randn(1, heads, queries, head_dim) * 2
+    key = torch.randn(1, kv_heads, length, head_dim) * 2
+    value = torch.randn(1, kv_heads, length, head_dim)
+    positions = torch.sort(torch.randperm(length)[:queries]).values
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+
+    def attend(function, dtype: torch.dtype) -> torch.Tensor:
+        mask = mixed_attention_mask(positions, torch.arange(length), dtype)
+        tensors = (t.to(dtype) for t in (query, key, value))
+        return function(module, *tensors, mask)[0].float()
+
+    exact = attend(sdpa_attention_forward, torch.float32)
+    ours = (attend(few_queries_attention, torch.bfloat16) - exact).abs()
+    sdpa = (attend(sdpa_attention_forward, torch.bfloat16) - exact).abs()
+    assert ours.mean() <= 2.5 * sdpa.mean()
+    assert ours.max() <= 2.5 * sdpa.max()
+
+
 def test_many_queries_or_no_mask_go_to_sdpa() -> None:
     query = torch.randn(1, 2, 32, 8)
     key = value = torch.randn(1, 2, 32, 8)

@@ -14,7 +14,7 @@ from kvboost_rag import KVBoostRAG
 from kvboost_rag.cli import app
 from kvboost_rag.config import RepairConfig
 from kvboost_rag.eval_report import format_table, write
-from kvboost_rag.evaluation import Variant, first_token_kl, paired_ci, run_eval, standard_variants
+from kvboost_rag.evaluation import Variant, first_token_kl, paired_ci, run_eval, standard_variants, top_margin
 from kvboost_rag.qa_dataset import load_qa
 
 RECORDS = [
@@ -74,6 +74,7 @@ def test_paired_interval_and_kl() -> None:
     logits = torch.tensor([2.0, 1.0, 0.0])
     assert first_token_kl(logits, logits) == pytest.approx(0.0, abs=1e-7)
     assert first_token_kl(logits, torch.tensor([0.0, 1.0, 2.0])) > 0.5
+    assert top_margin(torch.log(torch.tensor([0.1, 0.6, 0.3]))) == pytest.approx(0.3)
 
 
 def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None:
@@ -95,6 +96,8 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
     assert summary["full"]["first_token_agreement"] == 1.0 and summary["full"]["first_token_kl_mean"] == 0.0
     assert summary["cacheblend@1"]["questions"] == 1
     assert summary["cacheblend@1"]["first_token_kl_mean"] < 1e-3, "rho = 1 is full prefill"
+    clear = [r.reference_margin >= 0.2 for r in report.records["none"]]
+    assert summary["none"]["clear_share"] == sum(clear) / len(clear)
     assert all(0 < s["reuse_share"] for name, s in summary.items() if name != "full")
     paths = write(report, tmp_path / "out", "eval")
     assert json.loads(paths["json"].read_text())["summary"]["none"]["questions"] == 2

@@ -8,7 +8,7 @@ import torch
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.config import RepairConfig
-from kvboost_rag.kv_cache import mixed_attention_mask
+from kvboost_rag.kv_cache import SelectiveCache, mixed_attention_mask
 from kvboost_rag.matching import ReusePlan, Segment
 from kvboost_rag.prompting import rag_messages
 from kvboost_rag.repair import boundary_positions, reused_runs, select_for_recompute, with_recomputed
@@ -78,6 +78,27 @@ def test_cacheblend_rho_one_equals_full_prefill(fresh_engine: KVBoostRAG, shuffl
         )
         assert plan.tokens("approximate") > 300
         assert (repaired - full).abs().max().item() <= 1e-3
+
+
+def test_check_layer_attends_for_the_selected_tokens_only(
+    fresh_engine: KVBoostRAG, shuffled_prompt: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the selected tokens go past the check layer, so computing its attention for them
+    alone changes nothing but the time."""
+    narrowed: list[bool] = []
+    original = SelectiveCache.narrows
+
+    def recording(self: SelectiveCache, *args: object) -> bool:
+        narrowed.append(original(self, *args))
+        return narrowed[-1]
+
+    monkeypatch.setattr(SelectiveCache, "narrows", recording)
+    repair = RepairConfig(strategy="cacheblend", rho=0.3)
+    fast, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
+    assert narrowed.count(True) == 1
+    monkeypatch.setattr(SelectiveCache, "narrows", lambda self, *a: False)
+    every_query, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
+    assert (fast - every_query).abs().max().item() <= 1e-4
 
 
 def test_boundary_recomputing_everything_equals_full_prefill(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
