@@ -107,19 +107,6 @@ def few_queries_attention(
     blend = _ACTIVE_BLEND.get()
     if blend is not None and blend.narrows(module, query):
         return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
-    return _grouped_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-
-
-def _grouped_attention(
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
     batch, heads, queries, head_dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     if (
@@ -157,7 +144,7 @@ def _attend_selected(
     """The check layer's attention for the selected queries only; other rows are zeros, as the
     next layer drops those tokens (the layer's MLP still runs on them)."""
     assert blend.selected is not None and blend.selected_mask is not None
-    selected, _ = _grouped_attention(
+    selected, _ = few_queries_attention(  # no longer every token: it does not narrow again
         module, query.index_select(2, blend.selected), key, value, blend.selected_mask, *args, **kwargs
     )
     out = selected.new_zeros(query.shape[0], query.shape[2], *selected.shape[2:])
