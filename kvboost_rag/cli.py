@@ -50,7 +50,7 @@ def eval_command(
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[
-        str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend")
+        str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend,refresh")
     ] = "full,none,boundary,cacheblend",
     rho_sweep: Annotated[
         str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
@@ -80,7 +80,7 @@ def eval_command(
 
     from . import KVBoostRAG
     from .eval_report import format_table, write
-    from .evaluation import DEFAULT_TEMPLATE, Variant, rho_variants, run_eval, standard_variants
+    from .evaluation import DEFAULT_TEMPLATE, Variant, refresh_variant, rho_variants, run_eval, standard_variants
     from .qa_dataset import default_nq_path, load_qa
 
     path = data or default_nq_path()
@@ -101,7 +101,8 @@ def eval_command(
         if value is not None
     }
     base = replace(engine.config.repair, strategy="cacheblend", **changes)
-    available = {v.name: v for v in standard_variants(base)} | {"prefix": Variant("prefix", "prefix")}
+    extra = [Variant("prefix", "prefix"), refresh_variant(base)]
+    available = {v.name: v for v in standard_variants(base) + extra}
     names = [n.strip() for n in variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in available]
     if unknown:

@@ -20,7 +20,10 @@ Deviation = Literal["value", "key"]
 @dataclass(slots=True, frozen=True)
 class RepairConfig:
     """`rho`: share of reused tokens CacheBlend recomputes. `min_reused_share`: below this share of
-    moved tokens in a prompt, repair is skipped (little was reused, little can be wrong)."""
+    moved tokens in a prompt, repair is skipped (little was reused, little can be wrong).
+    `refresh`: after the first token, recompute the whole prompt so that every later token reads
+    full prefill's KV: the first token at reuse speed, the rest of the answer as full prefill
+    would write it, at the cost of a full prefill before the second token."""
 
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
@@ -30,6 +33,7 @@ class RepairConfig:
     tail_tokens: int = 0
     blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
     min_reused_share: float = 0.0
+    refresh: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in REPAIR_STRATEGIES:

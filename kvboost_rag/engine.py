@@ -332,7 +332,9 @@ class KVBoostRAG:
         plan = self._plan(tokens, boundaries, mode)
         timings.lookup_s, mark = time.perf_counter() - mark, time.perf_counter()
         prefill = self._prefill.run(tokens, plan, timings, repair)
-        cache, logits = prefill.cache, prefill.logits
+        cache, logits, slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
+        refresh = repair.refresh and plan.tokens("approximate") > 0
+        refresh_s, exact_end = 0.0, plan.exact_end
         first_logits = logits.cpu() if return_first_logits else None
         mark = time.perf_counter()
 
@@ -363,13 +365,22 @@ class KVBoostRAG:
             if time.perf_counter() > deadline:
                 finish = "timeout"
                 break
+            if refresh and len(generated) == 1:
+                # The first token came from moved KV; from here on, the answer reads full prefill's.
+                mark = time.perf_counter()
+                ids = torch.from_numpy(np.append(tokens, token)).to(self.device)
+                cache, slot_positions = make_cache(), torch.arange(len(tokens), device=self.device)
+                with self._model_lock:
+                    logits = forward_last_logits(self.model, ids, torch.arange(len(ids), device=self.device), cache)
+                refresh_s, exact_end = time.perf_counter() - mark, len(tokens)
+                continue
             position = torch.tensor([len(tokens) + len(generated) - 1], device=self.device)
             with self._model_lock:
                 logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)
         if len(text) > emitted:
             yield text[emitted:]
         if store_prompt:
-            self._store_prompt_chunks(tokens, boundaries, plan, cache, prefill.slot_positions)
+            self._store_prompt_chunks(tokens, boundaries, plan, cache, slot_positions, exact_end)
         return GenerationResult(
             text=text,
             mode=mode,
@@ -387,15 +398,22 @@ class KVBoostRAG:
             repair_strategy=repair.strategy if mode == "reuse" else "none",
             repair_tokens=prefill.repair_tokens,
             timings=timings,
+            refresh_s=refresh_s,
             token_ids=generated,
             first_logits=first_logits,
         )
 
     def _store_prompt_chunks(
-        self, tokens: np.ndarray, boundaries: list[int], plan: ReusePlan, cache: Any, slot_positions: torch.Tensor
+        self,
+        tokens: np.ndarray,
+        boundaries: list[int],
+        plan: ReusePlan,
+        cache: Any,
+        slot_positions: torch.Tensor,
+        exact_end: int,
     ) -> None:
-        """Keep the prompt's exactly computed chunks for later EXACT (prefix) hits."""
-        exact_end = plan.exact_end
+        """Keep the prompt's exactly computed chunks (those before `exact_end`) for later EXACT
+        (prefix) hits."""
         prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries)
         slot_of_position = torch.argsort(slot_positions)
         for i, (start, end) in enumerate(zip(boundaries[:-1], boundaries[1:])):

@@ -20,6 +20,7 @@ COLUMNS = [
     ("ttft_median_s", "TTFT med", "{:.3f}s"),
     ("ttft_mean_s", "TTFT mean", "{:.3f}s"),
     ("ttft_ratio_vs_full", "x full", "{:.2f}"),
+    ("total_ratio_vs_full", "answer time x full", "{:.2f}"),
     ("reuse_share", "reused", "{:.0%}"),
     ("repair_share", "repaired", "{:.0%}"),
 ]

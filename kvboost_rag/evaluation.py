@@ -46,6 +46,12 @@ def standard_variants(base: RepairConfig) -> list[Variant]:
     ]
 
 
+def refresh_variant(base: RepairConfig) -> Variant:
+    """CacheBlend for the first token, then the prompt recomputed in full for the rest."""
+    cacheblend = base if base.strategy == "cacheblend" else RepairConfig()
+    return Variant("refresh", "reuse", replace(cacheblend, refresh=True))
+
+
 def rho_variants(base: RepairConfig, rhos: Iterable[float]) -> list[Variant]:
     cacheblend = base if base.strategy == "cacheblend" else RepairConfig()
     return [Variant(f"cacheblend@{rho:g}", "reuse", replace(cacheblend, rho=rho)) for rho in rhos]
@@ -59,6 +65,7 @@ class Record:
     em: float
     f1: float
     ttft_s: float
+    total_s: float  # the whole answer
     reuse_share: float
     repair_share: float
     first_token_agrees: bool
@@ -76,6 +83,7 @@ class EvalReport:
     def summary(self) -> dict[str, dict[str, float]]:
         full_by_question = {r.question: r for r in self.records.get("full", [])}
         full_median = statistics.median(r.ttft_s for r in full_by_question.values()) if full_by_question else math.nan
+        full_total = statistics.median(r.total_s for r in full_by_question.values()) if full_by_question else math.nan
         table: dict[str, dict[str, float]] = {}
         for name, records in self.records.items():
             ttft = [r.ttft_s for r in records]
@@ -98,6 +106,7 @@ class EvalReport:
                 "ttft_median_s": statistics.median(ttft),
                 "ttft_mean_s": statistics.fmean(ttft),
                 "ttft_ratio_vs_full": statistics.median(ttft) / full_median,
+                "total_ratio_vs_full": statistics.median(r.total_s for r in records) / full_total,
                 "reuse_share": statistics.fmean(r.reuse_share for r in records),
                 "repair_share": statistics.fmean(r.repair_share for r in records),
             }
@@ -191,6 +200,7 @@ def _record(i: int, example: QAExample, result: GenerationResult, reference: Gen
         em=best_subspan_em(result.text, example.answers),
         f1=token_f1(result.text, example.answers),
         ttft_s=result.ttft_s,
+        total_s=result.total_s,
         reuse_share=result.reuse_share,
         repair_share=result.repair_share,
         first_token_agrees=result.token_ids[:1] == reference.token_ids[:1],

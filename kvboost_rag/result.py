@@ -38,6 +38,7 @@ class GenerationResult:
     repair_strategy: str = "none"
     repair_tokens: int = 0  # reused tokens recomputed by the repair (a subset of the reused ones)
     timings: StageTimings = field(default_factory=StageTimings)
+    refresh_s: float = 0.0  # after the first token: the prompt recomputed in full (RepairConfig.refresh)
     token_ids: list[int] = field(default_factory=list)
     first_logits: Any = None  # fp32 logits of the first token, when asked for
 

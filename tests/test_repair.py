@@ -8,7 +8,7 @@ import torch
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.config import RepairConfig
-from kvboost_rag.kv_cache import SelectiveCache, mixed_attention_mask
+from kvboost_rag.kv_cache import SelectiveCache, forward_last_logits, make_cache, mixed_attention_mask
 from kvboost_rag.matching import ReusePlan, Segment
 from kvboost_rag.prompting import rag_messages
 from kvboost_rag.repair import boundary_positions, reused_runs, select_for_recompute, with_recomputed
@@ -132,3 +132,43 @@ def test_result_reports_repair(fresh_engine: KVBoostRAG, shuffled_prompt: list) 
     assert skipped.repair_tokens == 0 and skipped.timings.repair_s == 0
     with pytest.raises(ValueError, match="rho"):
         RepairConfig(rho=1.5)
+
+
+def _greedy_from(engine: KVBoostRAG, ids: list[int], count: int) -> list[int]:
+    """Greedy tokens after `ids` by plain full prefill, as the reference for a refreshed answer."""
+    cache = make_cache()
+    logits = forward_last_logits(engine.model, torch.tensor(ids), torch.arange(len(ids)), cache)
+    out: list[int] = []
+    for _ in range(count):
+        out.append(int(logits.argmax()))
+        logits = forward_last_logits(
+            engine.model, torch.tensor(out[-1:]), torch.tensor([len(ids) + len(out) - 1]), cache
+        )
+    return out
+
+
+def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    """After the first token (taken from moved KV, deliberately unrepaired here), a refreshed
+    answer continues exactly as full prefill would from that token."""
+    repair = RepairConfig(strategy="none", refresh=True)
+    refreshed = fresh_engine.generate(
+        shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=6, store_prompt=False
+    )
+    assert refreshed.reused_approximate_tokens > 300 and refreshed.new_tokens == 6
+    assert refreshed.refresh_s > 0 and refreshed.total_s > refreshed.ttft_s + refreshed.refresh_s
+    tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
+    assert refreshed.token_ids[1:] == _greedy_from(fresh_engine, tokens + refreshed.token_ids[:1], 5)
+    stale = fresh_engine.generate(shuffled_prompt, mode="reuse", repair="none", max_new_tokens=6, store_prompt=False)
+    assert stale.token_ids[0] == refreshed.token_ids[0], "the first token does not wait for the refresh"
+    assert stale.refresh_s == 0.0
+
+
+def test_refresh_stores_the_prompt_as_exact_chunks(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    """The refreshed cache is full prefill's, so every whole chunk of the prompt is kept for
+    EXACT hits: a repeat of the prompt, the rest recomputed, reproduces full prefill's logits."""
+    fresh_engine.generate(shuffled_prompt, repair=RepairConfig(refresh=True), max_new_tokens=2, store_prompt=True)
+    repeat, plan = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=RepairConfig(rho=1.0))
+    prompt_tokens = len(fresh_engine.tokenize_prompt(shuffled_prompt))
+    assert plan.exact_chunks == prompt_tokens // fresh_engine.config.chunk_size
+    full, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="full")
+    assert (repeat - full).abs().max().item() <= 1e-3
