@@ -366,14 +366,16 @@ class KVBoostRAG:
                 finish = "timeout"
                 break
             if refresh and len(generated) == 1:
-                # The first token came from moved KV; from here on, the answer reads full prefill's.
+                # The first token came from moved KV; from here on, the answer reads full prefill's:
+                # the same prefill then the same step, so where the first token agrees, the answer
+                # is full prefill's to the bit.
+                # NOTE: this recomputes from position 0, exact head included: simple, and the head
+                # of a RAG prompt is short.
                 mark = time.perf_counter()
-                ids = torch.from_numpy(np.append(tokens, token)).to(self.device)
                 cache, slot_positions = make_cache(), torch.arange(len(tokens), device=self.device)
                 with self._model_lock:
-                    logits = forward_last_logits(self.model, ids, torch.arange(len(ids), device=self.device), cache)
+                    forward_last_logits(self.model, torch.from_numpy(tokens).to(self.device), slot_positions, cache)
                 refresh_s, exact_end = time.perf_counter() - mark, len(tokens)
-                continue
             position = torch.tensor([len(tokens) + len(generated) - 1], device=self.device)
             with self._model_lock:
                 logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)

@@ -134,17 +134,18 @@ def test_result_reports_repair(fresh_engine: KVBoostRAG, shuffled_prompt: list) 
         RepairConfig(rho=1.5)
 
 
-def _greedy_from(engine: KVBoostRAG, ids: list[int], count: int) -> list[int]:
-    """Greedy tokens after `ids` by plain full prefill, as the reference for a refreshed answer."""
+def _greedy_after(engine: KVBoostRAG, tokens: list[int], first: int, count: int) -> list[int]:
+    """Greedy tokens after `first` over plain full prefill of `tokens`: the reference for a
+    refreshed answer."""
     cache = make_cache()
-    logits = forward_last_logits(engine.model, torch.tensor(ids), torch.arange(len(ids)), cache)
-    out: list[int] = []
+    forward_last_logits(engine.model, torch.tensor(tokens), torch.arange(len(tokens)), cache)
+    out = [first]
     for _ in range(count):
-        out.append(int(logits.argmax()))
         logits = forward_last_logits(
-            engine.model, torch.tensor(out[-1:]), torch.tensor([len(ids) + len(out) - 1]), cache
+            engine.model, torch.tensor(out[-1:]), torch.tensor([len(tokens) + len(out) - 1]), cache
         )
-    return out
+        out.append(int(logits.argmax()))
+    return out[1:]
 
 
 def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
@@ -157,10 +158,22 @@ def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG,
     assert refreshed.reused_approximate_tokens > 300 and refreshed.new_tokens == 6
     assert refreshed.refresh_s > 0 and refreshed.total_s > refreshed.ttft_s + refreshed.refresh_s
     tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
-    assert refreshed.token_ids[1:] == _greedy_from(fresh_engine, tokens + refreshed.token_ids[:1], 5)
+    assert refreshed.token_ids[1:] == _greedy_after(fresh_engine, tokens, refreshed.token_ids[0], 5)
     stale = fresh_engine.generate(shuffled_prompt, mode="reuse", repair="none", max_new_tokens=6, store_prompt=False)
     assert stale.token_ids[0] == refreshed.token_ids[0], "the first token does not wait for the refresh"
     assert stale.refresh_s == 0.0
+
+
+def test_refresh_gives_full_prefills_answer_when_the_first_token_agrees(
+    fresh_engine: KVBoostRAG, shuffled_prompt: list
+) -> None:
+    full = fresh_engine.generate(shuffled_prompt, mode="full", max_new_tokens=8, store_prompt=False)
+    repair = RepairConfig(rho=1.0, refresh=True)  # rho 1: the first token is full prefill's
+    refreshed = fresh_engine.generate(
+        shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=8, store_prompt=False
+    )
+    assert refreshed.refresh_s > 0
+    assert refreshed.token_ids == full.token_ids and refreshed.text == full.text
 
 
 def test_refresh_stores_the_prompt_as_exact_chunks(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
