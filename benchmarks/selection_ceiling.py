@@ -22,7 +22,7 @@ from kvboost_rag import KVBoostRAG
 from kvboost_rag.config import RepairConfig
 from kvboost_rag.evaluation import DEFAULT_TEMPLATE, build_messages, first_token_kl
 from kvboost_rag.kv_cache import SelectiveCache, selective_forward, stacked_kv
-from kvboost_rag.repair import select_for_recompute
+from kvboost_rag.repair import blend_candidates, select_for_recompute
 from kvboost_rag.result import StageTimings
 from kvboost_rag.retrieval import sample_nq
 
@@ -72,11 +72,7 @@ def main() -> None:
         full = engine._prefill.run(tokens, engine._plan(tokens, boundaries, "full"), StageTimings(), repair)
         true_keys, true_values = stacked_kv(full.cache)
         plan = engine._plan(tokens, boundaries, "reuse")
-        moved = torch.zeros(len(tokens), dtype=torch.bool, device=engine.device)
-        forced = torch.zeros_like(moved)  # uncached tokens: always computed, as in the engine
-        for segment in plan.segments:
-            moved[segment.start : segment.end] = segment.kind == "approximate"
-            forced[segment.start : segment.end] = segment.kind == "computed"
+        moved, forced = blend_candidates(plan, engine.device)  # as the engine's CacheBlend
 
         logits = {"cacheblend": engine.next_token_logits(prompt, mode="reuse", repair=repair)[0]}
         for name in names[1:]:

@@ -42,19 +42,22 @@ def standard_variants(base: RepairConfig) -> list[Variant]:
         Variant("full", "full"),
         Variant("none", "reuse", RepairConfig(strategy="none")),
         Variant("boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens)),
-        Variant("cacheblend", "reuse", base if base.strategy == "cacheblend" else RepairConfig()),
+        Variant("cacheblend", "reuse", _cacheblend(base)),
     ]
+
+
+def _cacheblend(base: RepairConfig) -> RepairConfig:
+    """The base settings when they are CacheBlend's, else CacheBlend's defaults."""
+    return base if base.strategy == "cacheblend" else RepairConfig()
 
 
 def refresh_variant(base: RepairConfig) -> Variant:
     """CacheBlend for the first token, then the prompt recomputed in full for the rest."""
-    cacheblend = base if base.strategy == "cacheblend" else RepairConfig()
-    return Variant("refresh", "reuse", replace(cacheblend, refresh=True))
+    return Variant("refresh", "reuse", replace(_cacheblend(base), refresh=True))
 
 
 def rho_variants(base: RepairConfig, rhos: Iterable[float]) -> list[Variant]:
-    cacheblend = base if base.strategy == "cacheblend" else RepairConfig()
-    return [Variant(f"cacheblend@{rho:g}", "reuse", replace(cacheblend, rho=rho)) for rho in rhos]
+    return [Variant(f"cacheblend@{rho:g}", "reuse", replace(_cacheblend(base), rho=rho)) for rho in rhos]
 
 
 @dataclass(slots=True)

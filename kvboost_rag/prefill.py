@@ -19,7 +19,7 @@ import torch
 from .config import RepairConfig
 from .kv_cache import SelectiveCache, forward_last_logits, make_cache, mixed_attention_mask, selective_forward
 from .matching import ReusePlan, Segment
-from .repair import boundary_positions, select_for_recompute, with_recomputed
+from .repair import blend_candidates, boundary_positions, select_for_recompute, with_recomputed
 from .result import StageTimings
 from .rope import rerotate_keys
 
@@ -121,12 +121,9 @@ class PrefillRunner:
         n = len(tokens)
         # NOTE: the slots of uncached tokens stay unwritten: they are always selected, so every
         # layer writes them before attention reads them.
-        mixed_keys, mixed_values, cached_positions = self.assemble(plan, in_position_order=True)
+        mixed_keys, mixed_values, _ = self.assemble(plan, in_position_order=True)
         layers = mixed_keys.shape[0]
-        moved = torch.zeros(n, dtype=torch.bool, device=self.device)
-        moved[_positions([s for s in plan.segments if s.kind == "approximate"], self.device)] = True
-        forced = torch.ones(n, dtype=torch.bool, device=self.device)
-        forced[cached_positions] = False  # uncached tokens are always computed
+        moved, forced = blend_candidates(plan, self.device)
         if repair.blend_boundary_tokens:
             forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
         use_values = repair.deviation == "value"

@@ -20,7 +20,14 @@ import torch
 from .config import RepairConfig
 from .matching import ReusePlan, Segment
 
-__all__ = ["RepairConfig", "boundary_positions", "reused_runs", "select_for_recompute", "with_recomputed"]
+__all__ = [
+    "RepairConfig",
+    "blend_candidates",
+    "boundary_positions",
+    "reused_runs",
+    "select_for_recompute",
+    "with_recomputed",
+]
 
 
 def continues(previous: Segment, segment: Segment) -> bool:
@@ -81,6 +88,18 @@ def with_recomputed(plan: ReusePlan, positions: set[int]) -> ReusePlan:
                 )
             start = end
     return replace(plan, segments=segments)
+
+
+def blend_candidates(plan: ReusePlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """CacheBlend's token masks over the prompt: the moved tokens, ranked by deviation, and the
+    uncached ones, always computed."""
+    n = plan.segments[-1].end
+    moved = torch.zeros(n, dtype=torch.bool, device=device)
+    forced = torch.zeros_like(moved)
+    for segment in plan.segments:
+        moved[segment.start : segment.end] = segment.kind == "approximate"
+        forced[segment.start : segment.end] = segment.kind == "computed"
+    return moved, forced
 
 
 def select_for_recompute(
