@@ -50,8 +50,8 @@ def eval_command(
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[
-        str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend,refresh")
-    ] = "full,none,boundary,cacheblend",
+        str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend,verify,refresh")
+    ] = "full,none,boundary,cacheblend,verify",
     rho_sweep: Annotated[
         str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
     ] = "0.05,0.3,0.5",
@@ -62,6 +62,9 @@ def eval_command(
     boundary_tokens: Annotated[int | None, typer.Option(help="tokens recomputed at each run start (boundary)")] = None,
     blend_boundary_tokens: Annotated[
         int | None, typer.Option(help="run-start tokens CacheBlend always recomputes")
+    ] = None,
+    verify_margin: Annotated[
+        float | None, typer.Option(help="'verify': a token leading by less than this is recomputed on exact KV")
     ] = None,
     template: Annotated[
         str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")
@@ -97,6 +100,7 @@ def eval_command(
             deviation=deviation,
             boundary_tokens=boundary_tokens,
             blend_boundary_tokens=blend_boundary_tokens,
+            verify_margin=verify_margin,
         ).items()
         if value is not None
     }

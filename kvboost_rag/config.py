@@ -23,7 +23,11 @@ class RepairConfig:
     moved tokens in a prompt, repair is skipped (little was reused, little can be wrong).
     `refresh`: after the first token, recompute the whole prompt so that every later token reads
     full prefill's KV: the first token at reuse speed, the rest of the answer as full prefill
-    would write it, at the cost of a full prefill before the second token."""
+    would write it, at the cost of a full prefill before the second token.
+    `verify_margin`: while the answer reads moved KV, a token whose probability leads the
+    runner-up's by less than this is not taken: the prompt and the answer so far are recomputed
+    as full prefill would, and the answer goes on from that exact KV. Near-ties are where moved KV
+    flips a choice; a clear step keeps reuse's speed. 0 never verifies."""
 
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
@@ -34,6 +38,7 @@ class RepairConfig:
     blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
     min_reused_share: float = 0.0
     refresh: bool = False
+    verify_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if self.strategy not in REPAIR_STRATEGIES:
@@ -48,6 +53,8 @@ class RepairConfig:
             raise ValueError("token counts must be >= 0")
         if not 0.0 <= self.min_reused_share <= 1.0:
             raise ValueError("min_reused_share must be in [0, 1]")
+        if not 0.0 <= self.verify_margin <= 1.0:
+            raise ValueError(f"verify_margin must be in [0, 1], got {self.verify_margin!r}")
 
     def with_strategy(self, strategy: RepairStrategy | RepairConfig | None) -> RepairConfig:
         if strategy is None:

@@ -31,7 +31,7 @@ from .model_loader import load_model, resolve_dtype
 from .prefill import PrefillRunner
 from .quantization import QuantizedTensor, quantize_keys, quantize_values
 from .result import GenerationResult, StageTimings, WarmReport
-from .sampling import SamplingParams, held_back, sample_token
+from .sampling import SamplingParams, held_back, sample_token, top_margin
 
 Prompt = str | Sequence[dict[str, str]]
 
@@ -333,8 +333,8 @@ class KVBoostRAG:
         timings.lookup_s, mark = time.perf_counter() - mark, time.perf_counter()
         prefill = self._prefill.run(tokens, plan, timings, repair)
         cache, logits, slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
-        refresh = repair.refresh and plan.tokens("approximate") > 0
-        refresh_s, exact_end = 0.0, plan.exact_end
+        exact = plan.tokens("approximate") == 0  # False while the answer reads moved KV
+        refresh_s, exact_end, exact_from = 0.0, plan.exact_end, None
         first_logits = logits.cpu() if return_first_logits else None
         mark = time.perf_counter()
 
@@ -343,6 +343,16 @@ class KVBoostRAG:
         generated: list[int] = []
         emitted, text, finish, ttft = 0, "", "length", 0.0
         while True:
+            if not exact and repair.verify_margin and top_margin(logits) < repair.verify_margin:
+                # A near-tie on moved KV: take this token, and every later one, from exact KV.
+                started_refresh = time.perf_counter()
+                cache, slot_positions, logits = self._exact_prefill(tokens, generated)
+                exact, exact_end, exact_from = True, len(tokens), len(generated)
+                mark, spent = time.perf_counter(), time.perf_counter() - started_refresh
+                refresh_s += spent
+                if not generated:
+                    timings.verify_s = spent
+                    first_logits = logits.cpu() if return_first_logits else None
             token = sample_token(logits, params, generator)
             if not generated:  # the first token: an end-of-sequence one breaks out below
                 timings.sample_s = time.perf_counter() - mark
@@ -365,17 +375,13 @@ class KVBoostRAG:
             if time.perf_counter() > deadline:
                 finish = "timeout"
                 break
-            if refresh and len(generated) == 1:
-                # The first token came from moved KV; from here on, the answer reads full prefill's:
-                # the same prefill then the same step, so where the first token agrees, the answer
-                # is full prefill's to the bit.
-                # NOTE: this recomputes from position 0, exact head included: simple, and the head
-                # of a RAG prompt is short.
-                mark = time.perf_counter()
-                cache, slot_positions = make_cache(), torch.arange(len(tokens), device=self.device)
-                with self._model_lock:
-                    forward_last_logits(self.model, torch.from_numpy(tokens).to(self.device), slot_positions, cache)
-                refresh_s, exact_end = time.perf_counter() - mark, len(tokens)
+            if not exact and repair.refresh:
+                # The first token came from moved KV; the rest of the answer reads full prefill's.
+                started_refresh = time.perf_counter()
+                cache, slot_positions, logits = self._exact_prefill(tokens, generated)
+                exact, exact_end, exact_from = True, len(tokens), len(generated)
+                refresh_s += time.perf_counter() - started_refresh
+                continue
             position = torch.tensor([len(tokens) + len(generated) - 1], device=self.device)
             with self._model_lock:
                 logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)
@@ -401,9 +407,24 @@ class KVBoostRAG:
             repair_tokens=prefill.repair_tokens,
             timings=timings,
             refresh_s=refresh_s,
+            exact_from=exact_from,
             token_ids=generated,
             first_logits=first_logits,
         )
+
+    def _exact_prefill(self, tokens: np.ndarray, generated: list[int]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The cache and next-token logits full prefill would have after `generated`: the same
+        prefill, then the same one-token steps, so a token it agrees on is full prefill's to the bit.
+        Returns the cache, the slot positions of the prompt and the logits."""
+        # NOTE: this recomputes from position 0, exact head included: simple, and the head of a RAG
+        # prompt is short.
+        cache, positions = make_cache(), torch.arange(len(tokens), device=self.device)
+        with self._model_lock:
+            logits = forward_last_logits(self.model, torch.from_numpy(tokens).to(self.device), positions, cache)
+            for i, token in enumerate(generated):
+                position = torch.tensor([len(tokens) + i], device=self.device)
+                logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)
+        return cache, positions, logits
 
     def _store_prompt_chunks(
         self,

@@ -21,6 +21,8 @@ COLUMNS = [
     ("ttft_mean_s", "TTFT mean", "{:.3f}s"),
     ("ttft_ratio_vs_full", "x full", "{:.2f}"),
     ("total_ratio_vs_full", "answer time x full", "{:.2f}"),
+    ("verified_first_token_share", "1st tok verified", "{:.0%}"),
+    ("recomputed_answer_share", "answer recomputed", "{:.0%}"),
     ("reuse_share", "reused", "{:.0%}"),
     ("repair_share", "repaired", "{:.0%}"),
 ]

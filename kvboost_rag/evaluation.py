@@ -22,11 +22,13 @@ from .metrics import best_subspan_em, token_f1
 from .prompting import SYSTEM
 from .qa_dataset import QAExample
 from .result import GenerationResult
+from .sampling import top_margin
 
 DEFAULT_TEMPLATE = "Documents:\n\n{documents}\n\nQuestion: {question}\nAnswer:"
 # Full prefill's first token is "clear" when its probability leads the runner-up's by this much;
 # below it, a near-tie flips on any small change (bf16 rounding alone flips ~2.5% of them).
 CLEAR_MARGIN = 0.2
+DEFAULT_VERIFY = RepairConfig().verify_margin or 0.05  # the "verify" variant's margin when the engine has none
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,18 +39,21 @@ class Variant:
 
 
 def standard_variants(base: RepairConfig) -> list[Variant]:
-    """full, then reuse with each repair: none, boundary, cacheblend (the engine's settings)."""
+    """full, then reuse with each repair: none, boundary, cacheblend alone (the engine's settings),
+    and cacheblend with near-ties verified on exact KV (the default)."""
     return [
         Variant("full", "full"),
         Variant("none", "reuse", RepairConfig(strategy="none")),
         Variant("boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens)),
         Variant("cacheblend", "reuse", _cacheblend(base)),
+        Variant("verify", "reuse", replace(_cacheblend(base), verify_margin=base.verify_margin or DEFAULT_VERIFY)),
     ]
 
 
 def _cacheblend(base: RepairConfig) -> RepairConfig:
-    """The base settings when they are CacheBlend's, else CacheBlend's defaults."""
-    return base if base.strategy == "cacheblend" else RepairConfig()
+    """CacheBlend alone (nothing recomputed after the prefill) with the base settings when they
+    are CacheBlend's, else with CacheBlend's defaults."""
+    return replace(base if base.strategy == "cacheblend" else RepairConfig(), verify_margin=0.0, refresh=False)
 
 
 def refresh_variant(base: RepairConfig) -> Variant:
@@ -76,6 +81,7 @@ class Record:
     first_token_kl: float
     reference_margin: float  # full prefill's first-token probability lead over its runner-up
     text: str
+    exact_from: int | None = None  # the first answer token taken from recomputed exact KV, if any
 
 
 @dataclass(slots=True)
@@ -110,6 +116,8 @@ class EvalReport:
                 "ttft_mean_s": statistics.fmean(ttft),
                 "ttft_ratio_vs_full": statistics.median(ttft) / full_median,
                 "total_ratio_vs_full": statistics.median(r.total_s for r in records) / full_total,
+                "verified_first_token_share": statistics.fmean(r.exact_from == 0 for r in records),
+                "recomputed_answer_share": statistics.fmean(r.exact_from is not None for r in records),
                 "reuse_share": statistics.fmean(r.reuse_share for r in records),
                 "repair_share": statistics.fmean(r.repair_share for r in records),
             }
@@ -133,12 +141,6 @@ def first_token_kl(reference: torch.Tensor, other: torch.Tensor) -> float:
     """KL(reference || other) of the first-token distributions."""
     log_p, log_q = torch.log_softmax(reference.float(), -1), torch.log_softmax(other.float(), -1)
     return float(torch.sum(log_p.exp() * (log_p - log_q)))
-
-
-def top_margin(logits: torch.Tensor) -> float:
-    """Probability of the most likely token minus the runner-up's."""
-    top = torch.topk(torch.softmax(logits.float(), -1), 2).values
-    return float(top[0] - top[1])
 
 
 def build_messages(question: str, documents: list[str], template: str, chat: bool) -> Any:
@@ -211,4 +213,5 @@ def _record(i: int, example: QAExample, result: GenerationResult, reference: Gen
         first_token_kl=first_token_kl(reference.first_logits, result.first_logits),
         reference_margin=top_margin(reference.first_logits),
         text=result.text,
+        exact_from=result.exact_from,
     )

@@ -17,6 +17,7 @@ class StageTimings:
     assemble_s: float = 0.0  # gathering cached KV and re-rotating moved keys
     repair_s: float = 0.0  # CacheBlend: all tokens through the first layers and the selection
     prefill_s: float = 0.0  # forward pass over the computed (and repaired) tokens
+    verify_s: float = 0.0  # a near-tie first token recomputed on exact KV (RepairConfig.verify_margin)
     sample_s: float = 0.0
 
 
@@ -38,7 +39,8 @@ class GenerationResult:
     repair_strategy: str = "none"
     repair_tokens: int = 0  # reused tokens recomputed by the repair (a subset of the reused ones)
     timings: StageTimings = field(default_factory=StageTimings)
-    refresh_s: float = 0.0  # after the first token: the prompt recomputed in full (RepairConfig.refresh)
+    refresh_s: float = 0.0  # recomputing the prompt as full prefill would (RepairConfig.refresh, verify_margin)
+    exact_from: int | None = None  # the first answer token taken from that exact KV; None: never recomputed
     token_ids: list[int] = field(default_factory=list)
     first_logits: Any = None  # fp32 logits of the first token, when asked for
 

@@ -57,6 +57,12 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def top_margin(logits: torch.Tensor) -> float:
+    """Probability of the most likely token minus the runner-up's: how clear a choice is."""
+    top = torch.topk(torch.softmax(logits.float(), -1), 2).values
+    return float(top[0] - top[1])
+
+
 def held_back(text: str, stops: list[str]) -> int:
     """How many trailing characters might start a stop string (not yet safe to stream)."""
     hold = 0

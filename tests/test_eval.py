@@ -92,7 +92,12 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
         max_new_tokens=12,
     )
     summary = report.summary()
-    assert set(summary) == {"full", "none", "boundary", "cacheblend", "cacheblend@1"}
+    assert set(summary) == {"full", "none", "boundary", "cacheblend", "verify", "cacheblend@1"}
+    for record in report.records["verify"]:  # a verified first token is full prefill's, logits and all
+        assert record.exact_from != 0 or (record.first_token_agrees and record.first_token_kl == 0.0)
+    verified = [r.exact_from == 0 for r in report.records["verify"]]
+    assert summary["verify"]["verified_first_token_share"] == sum(verified) / len(verified)
+    assert summary["cacheblend"]["recomputed_answer_share"] == 0.0, "CacheBlend alone never recomputes"
     assert summary["full"]["first_token_agreement"] == 1.0 and summary["full"]["first_token_kl_mean"] == 0.0
     assert summary["cacheblend@1"]["questions"] == 1
     assert summary["cacheblend@1"]["first_token_kl_mean"] < 1e-3, "rho = 1 is full prefill"

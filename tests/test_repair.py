@@ -134,18 +134,17 @@ def test_result_reports_repair(fresh_engine: KVBoostRAG, shuffled_prompt: list) 
         RepairConfig(rho=1.5)
 
 
-def _greedy_after(engine: KVBoostRAG, tokens: list[int], first: int, count: int) -> list[int]:
-    """Greedy tokens after `first` over plain full prefill of `tokens`: the reference for a
-    refreshed answer."""
+def _greedy_after(engine: KVBoostRAG, tokens: list[int], answer: list[int], count: int) -> list[int]:
+    """Greedy tokens after the `answer` so far, over plain full prefill of `tokens` and one step
+    per answer token: the reference for an answer that went on from exact KV."""
     cache = make_cache()
-    forward_last_logits(engine.model, torch.tensor(tokens), torch.arange(len(tokens)), cache)
-    out = [first]
-    for _ in range(count):
-        logits = forward_last_logits(
-            engine.model, torch.tensor(out[-1:]), torch.tensor([len(tokens) + len(out) - 1]), cache
-        )
-        out.append(int(logits.argmax()))
-    return out[1:]
+    logits = forward_last_logits(engine.model, torch.tensor(tokens), torch.arange(len(tokens)), cache)
+    sequence = list(tokens)
+    for i in range(len(answer) + count):
+        token = answer[i] if i < len(answer) else int(logits.argmax())
+        logits = forward_last_logits(engine.model, torch.tensor([token]), torch.tensor([len(sequence)]), cache)
+        sequence.append(token)
+    return sequence[len(tokens) + len(answer) :]
 
 
 def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
@@ -158,7 +157,7 @@ def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG,
     assert refreshed.reused_approximate_tokens > 300 and refreshed.new_tokens == 6
     assert refreshed.refresh_s > 0 and refreshed.total_s > refreshed.ttft_s + refreshed.refresh_s
     tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
-    assert refreshed.token_ids[1:] == _greedy_after(fresh_engine, tokens, refreshed.token_ids[0], 5)
+    assert refreshed.token_ids[1:] == _greedy_after(fresh_engine, tokens, refreshed.token_ids[:1], 5)
     stale = fresh_engine.generate(shuffled_prompt, mode="reuse", repair="none", max_new_tokens=6, store_prompt=False)
     assert stale.token_ids[0] == refreshed.token_ids[0], "the first token does not wait for the refresh"
     assert stale.refresh_s == 0.0
@@ -185,3 +184,40 @@ def test_refresh_stores_the_prompt_as_exact_chunks(fresh_engine: KVBoostRAG, shu
     assert plan.exact_chunks == prompt_tokens // fresh_engine.config.chunk_size
     full, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="full")
     assert (repeat - full).abs().max().item() <= 1e-3
+
+
+def test_verify_takes_a_near_tie_from_exact_kv(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    """A first token whose lead is below `verify_margin` is recomputed on exact KV before it is
+    taken: the answer, its first-token logits and all, is full prefill's to the bit, and the
+    TTFT holds the recompute."""
+    full = fresh_engine.generate(
+        shuffled_prompt, mode="full", max_new_tokens=8, store_prompt=False, return_first_logits=True
+    )
+    repair = RepairConfig(strategy="none", verify_margin=1.0)  # every step of moved KV is in doubt
+    verified = fresh_engine.generate(
+        shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=8, store_prompt=False, return_first_logits=True
+    )
+    assert verified.reused_approximate_tokens > 300 and verified.exact_from == 0
+    assert verified.token_ids == full.token_ids and verified.text == full.text
+    assert torch.equal(verified.first_logits, full.first_logits)
+    assert 0 < verified.timings.verify_s <= verified.refresh_s and verified.ttft_s > verified.timings.verify_s
+    unverified = fresh_engine.generate(shuffled_prompt, repair="none", max_new_tokens=1, store_prompt=False)
+    assert unverified.exact_from is None and unverified.timings.verify_s == 0.0
+    with pytest.raises(ValueError, match="verify_margin"):
+        RepairConfig(verify_margin=1.5)
+
+
+def test_verify_mid_answer_goes_on_as_full_prefill_would(
+    fresh_engine: KVBoostRAG, shuffled_prompt: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A near-tie at the third token: the first two stay moved KV's, the rest is what full
+    prefill writes after them."""
+    leads = iter([0.9, 0.9, 0.0])
+    monkeypatch.setattr("kvboost_rag.engine.top_margin", lambda logits: next(leads))
+    repair = RepairConfig(strategy="none", verify_margin=0.5)
+    verified = fresh_engine.generate(shuffled_prompt, repair=repair, max_new_tokens=6, store_prompt=False)
+    assert verified.exact_from == 2 and verified.timings.verify_s == 0.0 and verified.refresh_s > 0
+    stale = fresh_engine.generate(shuffled_prompt, repair="none", max_new_tokens=6, store_prompt=False)
+    assert verified.token_ids[:2] == stale.token_ids[:2]
+    tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
+    assert verified.token_ids[2:] == _greedy_after(fresh_engine, tokens, verified.token_ids[:2], 4)
