@@ -28,7 +28,7 @@ DEFAULT_TEMPLATE = "Documents:\n\n{documents}\n\nQuestion: {question}\nAnswer:"
 # Full prefill's first token is "clear" when its probability leads the runner-up's by this much;
 # below it, a near-tie flips on any small change (bf16 rounding alone flips ~2.5% of them).
 CLEAR_MARGIN = 0.2
-DEFAULT_VERIFY = RepairConfig().verify_margin or 0.05  # the "verify" variant's margin when the engine has none
+DEFAULT_VERIFY = RepairConfig().verify_margin  # the "verify" variant's margin when the settings have none
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,12 +39,16 @@ class Variant:
 
 
 def standard_variants(base: RepairConfig) -> list[Variant]:
-    """full, then reuse with each repair: none, boundary, cacheblend alone (the engine's settings),
-    and cacheblend with near-ties verified on exact KV (the default)."""
+    """full, then reuse with each repair alone: none, boundary, cacheblend (the engine's
+    settings), and cacheblend with near-ties verified on exact KV (the engine's default)."""
     return [
         Variant("full", "full"),
-        Variant("none", "reuse", RepairConfig(strategy="none")),
-        Variant("boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens)),
+        Variant("none", "reuse", RepairConfig(strategy="none", verify_margin=0.0)),
+        Variant(
+            "boundary",
+            "reuse",
+            RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens, verify_margin=0.0),
+        ),
         Variant("cacheblend", "reuse", _cacheblend(base)),
         Variant("verify", "reuse", replace(_cacheblend(base), verify_margin=base.verify_margin or DEFAULT_VERIFY)),
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,9 @@ from kvboost_rag.kv_cache import SelectiveCache, forward_last_logits, make_cache
 from kvboost_rag.matching import ReusePlan, Segment
 from kvboost_rag.prompting import rag_messages
 from kvboost_rag.repair import boundary_positions, reused_runs, select_for_recompute, with_recomputed
+
+
+STALE = RepairConfig(strategy="none", verify_margin=0.0)  # moved KV as it is, nothing recomputed
 
 
 def test_mask_never_lets_a_token_see_a_later_position() -> None:
@@ -150,7 +155,7 @@ def _greedy_after(engine: KVBoostRAG, tokens: list[int], answer: list[int], coun
 def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """After the first token (taken from moved KV, deliberately unrepaired here), a refreshed
     answer continues exactly as full prefill would from that token."""
-    repair = RepairConfig(strategy="none", refresh=True)
+    repair = replace(STALE, refresh=True)
     refreshed = fresh_engine.generate(
         shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=6, store_prompt=False
     )
@@ -158,7 +163,7 @@ def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG,
     assert refreshed.refresh_s > 0 and refreshed.total_s > refreshed.ttft_s + refreshed.refresh_s
     tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
     assert refreshed.token_ids[1:] == _greedy_after(fresh_engine, tokens, refreshed.token_ids[:1], 5)
-    stale = fresh_engine.generate(shuffled_prompt, mode="reuse", repair="none", max_new_tokens=6, store_prompt=False)
+    stale = fresh_engine.generate(shuffled_prompt, mode="reuse", repair=STALE, max_new_tokens=6, store_prompt=False)
     assert stale.token_ids[0] == refreshed.token_ids[0], "the first token does not wait for the refresh"
     assert stale.refresh_s == 0.0
 
@@ -167,7 +172,7 @@ def test_refresh_gives_full_prefills_answer_when_the_first_token_agrees(
     fresh_engine: KVBoostRAG, shuffled_prompt: list
 ) -> None:
     full = fresh_engine.generate(shuffled_prompt, mode="full", max_new_tokens=8, store_prompt=False)
-    repair = RepairConfig(rho=1.0, refresh=True)  # rho 1: the first token is full prefill's
+    repair = RepairConfig(rho=1.0, refresh=True, verify_margin=0.0)  # rho 1: the first token is full prefill's
     refreshed = fresh_engine.generate(
         shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=8, store_prompt=False
     )
@@ -178,7 +183,8 @@ def test_refresh_gives_full_prefills_answer_when_the_first_token_agrees(
 def test_refresh_stores_the_prompt_as_exact_chunks(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """The refreshed cache is full prefill's, so every whole chunk of the prompt is kept for
     EXACT hits: a repeat of the prompt, the rest recomputed, reproduces full prefill's logits."""
-    fresh_engine.generate(shuffled_prompt, repair=RepairConfig(refresh=True), max_new_tokens=2, store_prompt=True)
+    repair = RepairConfig(refresh=True, verify_margin=0.0)
+    fresh_engine.generate(shuffled_prompt, repair=repair, max_new_tokens=2, store_prompt=True)
     repeat, plan = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=RepairConfig(rho=1.0))
     prompt_tokens = len(fresh_engine.tokenize_prompt(shuffled_prompt))
     assert plan.exact_chunks == prompt_tokens // fresh_engine.config.chunk_size
@@ -201,7 +207,7 @@ def test_verify_takes_a_near_tie_from_exact_kv(fresh_engine: KVBoostRAG, shuffle
     assert verified.token_ids == full.token_ids and verified.text == full.text
     assert torch.equal(verified.first_logits, full.first_logits)
     assert 0 < verified.timings.verify_s <= verified.refresh_s and verified.ttft_s > verified.timings.verify_s
-    unverified = fresh_engine.generate(shuffled_prompt, repair="none", max_new_tokens=1, store_prompt=False)
+    unverified = fresh_engine.generate(shuffled_prompt, repair=STALE, max_new_tokens=1, store_prompt=False)
     assert unverified.exact_from is None and unverified.timings.verify_s == 0.0
     with pytest.raises(ValueError, match="verify_margin"):
         RepairConfig(verify_margin=1.5)
@@ -217,7 +223,7 @@ def test_verify_mid_answer_goes_on_as_full_prefill_would(
     repair = RepairConfig(strategy="none", verify_margin=0.5)
     verified = fresh_engine.generate(shuffled_prompt, repair=repair, max_new_tokens=6, store_prompt=False)
     assert verified.exact_from == 2 and verified.timings.verify_s == 0.0 and verified.refresh_s > 0
-    stale = fresh_engine.generate(shuffled_prompt, repair="none", max_new_tokens=6, store_prompt=False)
+    stale = fresh_engine.generate(shuffled_prompt, repair=STALE, max_new_tokens=6, store_prompt=False)
     assert verified.token_ids[:2] == stale.token_ids[:2]
     tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
     assert verified.token_ids[2:] == _greedy_after(fresh_engine, tokens, verified.token_ids[:2], 4)
