@@ -44,7 +44,9 @@ def main() -> None:
         reuse = engine.generate(messages, mode="reuse", max_new_tokens=24, stop=["\n"], store_prompt=False)
         rows.append(Row(example.question, full.ttft_s, reuse.ttft_s, reuse.reuse_share, reuse.text))
         print(format_row(rows[-1]))
-    print(format_summary(rows, f"{engine.config.repair.strategy} repair of the moved chunks"))
+    repair = engine.config.repair
+    verified = f", near-ties below {repair.verify_margin:g} verified on exact KV" if repair.verify_margin else ""
+    print(format_summary(rows, f"{repair.strategy} repair of the moved chunks{verified}"))
 
 
 if __name__ == "__main__":
