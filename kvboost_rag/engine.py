@@ -343,12 +343,16 @@ class KVBoostRAG:
         generated: list[int] = []
         emitted, text, finish, ttft = 0, "", "length", 0.0
         while True:
-            if not exact and repair.verify_margin and top_margin(logits) < repair.verify_margin:
-                # A near-tie on moved KV: take this token, and every later one, from exact KV.
+            if not exact and (
+                repair.refresh and generated or repair.verify_margin and top_margin(logits) < repair.verify_margin
+            ):
+                # From here on the answer reads exact KV: with refresh from the second token, and
+                # before any near-tie on moved KV is taken.
                 started_refresh = time.perf_counter()
                 cache, slot_positions, logits = self._exact_prefill(tokens, generated)
                 exact, exact_end, exact_from = True, len(tokens), len(generated)
-                mark, spent = time.perf_counter(), time.perf_counter() - started_refresh
+                mark = time.perf_counter()
+                spent = mark - started_refresh
                 refresh_s += spent
                 if not generated:
                     timings.verify_s = spent
@@ -376,12 +380,7 @@ class KVBoostRAG:
                 finish = "timeout"
                 break
             if not exact and repair.refresh:
-                # The first token came from moved KV; the rest of the answer reads full prefill's.
-                started_refresh = time.perf_counter()
-                cache, slot_positions, logits = self._exact_prefill(tokens, generated)
-                exact, exact_end, exact_from = True, len(tokens), len(generated)
-                refresh_s += time.perf_counter() - started_refresh
-                continue
+                continue  # the next token comes from exact KV (above): a step on moved KV would be wasted
             position = torch.tensor([len(tokens) + len(generated) - 1], device=self.device)
             with self._model_lock:
                 logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)
