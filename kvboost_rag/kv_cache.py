@@ -249,6 +249,7 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
 
     layers = decoder_layers(model)
     handles = [layer.register_forward_pre_hook(narrow, with_kwargs=True) for layer in layers[cache.check_layer + 1 :]]
+    handles += _feed_forward_on_selected(layers[cache.check_layer], cache, n)
     active = _ACTIVE_BLEND.set(cache)
     try:
         out = model(
@@ -263,6 +264,29 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
         for handle in handles:
             handle.remove()
     return out.logits[0, -1].float()
+
+
+def _feed_forward_on_selected(layer: Any, cache: SelectiveCache, n: int) -> list[Any]:
+    """Hooks that run the check layer's feed-forward on the selected tokens only: the next layer
+    drops the other tokens, so their rows are left as zeros. A layer without `mlp` runs its own."""
+    mlp = getattr(layer, "mlp", None)
+    if mlp is None:
+        return []
+    narrowed = [False]
+
+    def narrow_in(module: Any, args: tuple) -> tuple | None:
+        selected = cache.selected
+        narrowed[0] = bool(args) and selected is not None and args[0].shape[1] == n > selected.numel()
+        return (args[0].index_select(1, selected), *args[1:]) if narrowed[0] else None
+
+    def scatter_out(module: Any, args: tuple, output: Any) -> Any:
+        if not narrowed[0]:
+            return None
+        hidden = output if isinstance(output, torch.Tensor) else output[0]  # MoE blocks add router logits
+        full = hidden.new_zeros(hidden.shape[0], n, *hidden.shape[2:]).index_copy_(1, cache.selected, hidden)
+        return full if isinstance(output, torch.Tensor) else (full, *output[1:])
+
+    return [mlp.register_forward_pre_hook(narrow_in), mlp.register_forward_hook(scatter_out)]
 
 
 def decoder_layers(model: Any) -> Any:
