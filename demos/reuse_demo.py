@@ -46,7 +46,8 @@ def main() -> None:
         print(format_row(rows[-1]))
     repair = engine.config.repair
     verified = f", near-ties below {repair.verify_margin:g} verified on exact KV" if repair.verify_margin else ""
-    print(format_summary(rows, f"{repair.strategy} repair of the moved chunks{verified}"))
+    refreshed = ", the answer after its first token on exact KV" if repair.refresh else ""
+    print(format_summary(rows, f"{repair.strategy} repair of the moved chunks{verified}{refreshed}"))
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ def eval_command(
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[
-        str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend,verify,refresh")
-    ] = "full,none,boundary,cacheblend,verify",
+        str, typer.Option(help="comma list of full,prefix,none,boundary,cacheblend,default,verify,refresh")
+    ] = "full,none,boundary,cacheblend,default",
     rho_sweep: Annotated[
         str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
     ] = "0.05,0.3,0.5",
@@ -64,7 +64,10 @@ def eval_command(
         int | None, typer.Option(help="run-start tokens CacheBlend always recomputes")
     ] = None,
     verify_margin: Annotated[
-        float | None, typer.Option(help="'verify': a token leading by less than this is recomputed on exact KV")
+        float | None, typer.Option(help="a token leading by less than this is recomputed on exact KV")
+    ] = None,
+    refresh: Annotated[
+        bool | None, typer.Option(help="'default': recompute the prompt after the first token")
     ] = None,
     template: Annotated[
         str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")
@@ -83,7 +86,7 @@ def eval_command(
 
     from . import KVBoostRAG
     from .eval_report import format_table, write
-    from .evaluation import DEFAULT_TEMPLATE, Variant, refresh_variant, rho_variants, run_eval, standard_variants
+    from .evaluation import DEFAULT_TEMPLATE, Variant, decode_variants, rho_variants, run_eval, standard_variants
     from .qa_dataset import default_nq_path, load_qa
 
     path = data or default_nq_path()
@@ -101,11 +104,12 @@ def eval_command(
             boundary_tokens=boundary_tokens,
             blend_boundary_tokens=blend_boundary_tokens,
             verify_margin=verify_margin,
+            refresh=refresh,
         ).items()
         if value is not None
     }
     base = replace(engine.config.repair, strategy="cacheblend", **changes)
-    extra = [Variant("prefix", "prefix"), refresh_variant(base)]
+    extra = [Variant("prefix", "prefix"), *decode_variants(base)]
     available = {v.name: v for v in standard_variants(base) + extra}
     names = [n.strip() for n in variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in available]

@@ -21,14 +21,15 @@ Deviation = Literal["value", "key"]
 class RepairConfig:
     """`rho`: share of reused tokens CacheBlend recomputes. `min_reused_share`: below this share of
     moved tokens in a prompt, repair is skipped (little was reused, little can be wrong).
-    `refresh`: after the first token, recompute the whole prompt so that every later token reads
-    full prefill's KV: the first token at reuse speed, the rest of the answer as full prefill
-    would write it, at the cost of a full prefill before the second token.
     `verify_margin`: while the answer reads moved KV, a token whose probability leads the
     runner-up's by less than this is not taken: the prompt and the answer so far are recomputed
     as full prefill would, and the answer goes on from that exact KV. Near-ties are where moved KV
-    flips a choice; a clear step keeps reuse's speed. 0 never verifies; 0.05 was chosen on NQ
-    questions outside the eval's (benchmarks/verify_margin.py)."""
+    flips a choice; a clear first token keeps reuse's TTFT. 0 never verifies; 0.05 was chosen on
+    NQ questions outside the eval's (benchmarks/verify_margin.py).
+    `refresh`: after the first token, recompute the prompt so that every later token reads full
+    prefill's KV: the answer is full prefill's whenever its first token is, for one full prefill
+    before the second token. On by default: an answer that meets a near-tie later pays that
+    recompute anyway, and later, with more tokens to replay (README, "Eval")."""
 
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
@@ -38,7 +39,7 @@ class RepairConfig:
     tail_tokens: int = 0
     blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
     min_reused_share: float = 0.0
-    refresh: bool = False
+    refresh: bool = True
     verify_margin: float = 0.05
 
     def __post_init__(self) -> None:

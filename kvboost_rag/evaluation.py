@@ -39,18 +39,30 @@ class Variant:
 
 
 def standard_variants(base: RepairConfig) -> list[Variant]:
-    """full, then reuse with each repair alone: none, boundary, cacheblend (the engine's
-    settings), and cacheblend with near-ties verified on exact KV (the engine's default)."""
+    """full, then reuse with each repair alone (none, boundary, cacheblend with the given
+    settings), then `default`: the given repair as it is, by default CacheBlend with near-ties
+    verified and the answer refreshed on exact KV."""
     return [
         Variant("full", "full"),
-        Variant("none", "reuse", RepairConfig(strategy="none", verify_margin=0.0)),
+        Variant("none", "reuse", RepairConfig(strategy="none", verify_margin=0.0, refresh=False)),
         Variant(
             "boundary",
             "reuse",
-            RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens, verify_margin=0.0),
+            RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens, verify_margin=0.0, refresh=False),
         ),
         Variant("cacheblend", "reuse", _cacheblend(base)),
-        Variant("verify", "reuse", replace(_cacheblend(base), verify_margin=base.verify_margin or DEFAULT_VERIFY)),
+        Variant("default", "reuse", base),
+    ]
+
+
+def decode_variants(base: RepairConfig) -> list[Variant]:
+    """Each of the default's two steps after CacheBlend alone: `verify` (near-ties of any token
+    recomputed on exact KV, no refresh) and `refresh` (the first token as CacheBlend gives it,
+    then the prompt recomputed in full)."""
+    margin = base.verify_margin or DEFAULT_VERIFY
+    return [
+        Variant("verify", "reuse", replace(_cacheblend(base), verify_margin=margin)),
+        Variant("refresh", "reuse", replace(_cacheblend(base), refresh=True)),
     ]
 
 
@@ -58,11 +70,6 @@ def _cacheblend(base: RepairConfig) -> RepairConfig:
     """CacheBlend alone (nothing recomputed after the prefill) with the base settings when they
     are CacheBlend's, else with CacheBlend's defaults."""
     return replace(base if base.strategy == "cacheblend" else RepairConfig(), verify_margin=0.0, refresh=False)
-
-
-def refresh_variant(base: RepairConfig) -> Variant:
-    """CacheBlend for the first token, then the prompt recomputed in full for the rest."""
-    return Variant("refresh", "reuse", replace(_cacheblend(base), refresh=True))
 
 
 def rho_variants(base: RepairConfig, rhos: Iterable[float]) -> list[Variant]:

@@ -14,7 +14,15 @@ from kvboost_rag import KVBoostRAG
 from kvboost_rag.cli import app
 from kvboost_rag.config import RepairConfig
 from kvboost_rag.eval_report import format_table, write
-from kvboost_rag.evaluation import Variant, first_token_kl, paired_ci, run_eval, standard_variants, top_margin
+from kvboost_rag.evaluation import (
+    Variant,
+    decode_variants,
+    first_token_kl,
+    paired_ci,
+    run_eval,
+    standard_variants,
+    top_margin,
+)
 from kvboost_rag.qa_dataset import load_qa
 
 RECORDS = [
@@ -81,7 +89,7 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
     path = tmp_path / "qa.jsonl"
     path.write_text("\n".join(map(json.dumps, RECORDS)))
     examples = load_qa(path)
-    variants = standard_variants(RepairConfig())
+    variants = standard_variants(RepairConfig()) + decode_variants(RepairConfig())
     report = run_eval(
         fresh_engine,
         examples,
@@ -92,11 +100,16 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
         max_new_tokens=12,
     )
     summary = report.summary()
-    assert set(summary) == {"full", "none", "boundary", "cacheblend", "verify", "cacheblend@1"}
-    for record in report.records["verify"]:  # a verified first token is full prefill's, logits and all
+    assert set(summary) == {"full", "none", "boundary", "cacheblend", "default", "verify", "refresh", "cacheblend@1"}
+    for record in report.records["verify"] + report.records["default"]:
+        # a verified first token is full prefill's, logits and all
         assert record.exact_from != 0 or (record.first_token_agrees and record.first_token_kl == 0.0)
-    verified = [r.exact_from == 0 for r in report.records["verify"]]
-    assert summary["verify"]["verified_first_token_share"] == sum(verified) / len(verified)
+    for record in report.records["default"] + report.records["refresh"]:
+        # refreshed after the first token: full prefill's answer whenever the first token is
+        assert record.exact_from in (0, 1, None) and (record.answer_agrees or not record.first_token_agrees)
+    assert summary["refresh"]["recomputed_answer_share"] > 0
+    verified = [r.exact_from == 0 for r in report.records["default"]]
+    assert summary["default"]["verified_first_token_share"] == sum(verified) / len(verified)
     assert summary["cacheblend"]["recomputed_answer_share"] == 0.0, "CacheBlend alone never recomputes"
     assert summary["full"]["first_token_agreement"] == 1.0 and summary["full"]["first_token_kl_mean"] == 0.0
     assert summary["cacheblend@1"]["questions"] == 1

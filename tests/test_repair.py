@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -16,7 +17,7 @@ from kvboost_rag.prompting import rag_messages
 from kvboost_rag.repair import boundary_positions, reused_runs, select_for_recompute, with_recomputed
 
 
-STALE = RepairConfig(strategy="none", verify_margin=0.0)  # moved KV as it is, nothing recomputed
+STALE = RepairConfig(strategy="none", verify_margin=0.0, refresh=False)  # moved KV as it is, nothing recomputed
 
 
 def test_mask_never_lets_a_token_see_a_later_position() -> None:
@@ -88,8 +89,8 @@ def test_cacheblend_rho_one_equals_full_prefill(fresh_engine: KVBoostRAG, shuffl
 def test_check_layer_attends_for_the_selected_tokens_only(
     fresh_engine: KVBoostRAG, shuffled_prompt: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only the selected tokens go past the check layer, so computing its attention for them
-    alone changes nothing but the time."""
+    """Only the selected tokens go past the check layer, so computing its attention and its
+    feed-forward for them alone changes nothing but the time."""
     narrowed: list[bool] = []
     original = SelectiveCache.narrows
 
@@ -97,13 +98,20 @@ def test_check_layer_attends_for_the_selected_tokens_only(
         narrowed.append(original(self, *args))
         return narrowed[-1]
 
-    monkeypatch.setattr(SelectiveCache, "narrows", recording)
     repair = RepairConfig(strategy="cacheblend", rho=0.3)
-    fast, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
-    assert narrowed.count(True) == 1
+    check_mlp = fresh_engine.model.model.layers[repair.check_layer].mlp
+    rows: list[int] = []
+    handle = check_mlp.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    monkeypatch.setattr(SelectiveCache, "narrows", recording)
+    fast, plan = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
+    selected = plan.tokens("computed") + math.ceil(0.3 * plan.tokens("approximate"))
+    assert narrowed.count(True) == 1 and rows == [selected]
     monkeypatch.setattr(SelectiveCache, "narrows", lambda self, *a: False)
-    every_query, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
-    assert (fast - every_query).abs().max().item() <= 1e-4
+    monkeypatch.setattr("kvboost_rag.kv_cache._feed_forward_on_selected", lambda *a: [])
+    every_token, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
+    handle.remove()
+    assert rows[1] == sum(len(s) for s in plan.segments), "the reference runs every token"
+    assert (fast - every_token).abs().max().item() <= 1e-4
 
 
 def test_boundary_recomputing_everything_equals_full_prefill(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
@@ -220,7 +228,7 @@ def test_verify_mid_answer_goes_on_as_full_prefill_would(
     prefill writes after them."""
     leads = iter([0.9, 0.9, 0.0])
     monkeypatch.setattr("kvboost_rag.engine.top_margin", lambda logits: next(leads))
-    repair = RepairConfig(strategy="none", verify_margin=0.5)
+    repair = RepairConfig(strategy="none", verify_margin=0.5, refresh=False)
     verified = fresh_engine.generate(shuffled_prompt, repair=repair, max_new_tokens=6, store_prompt=False)
     assert verified.exact_from == 2 and verified.timings.verify_s == 0.0 and verified.refresh_s > 0
     stale = fresh_engine.generate(shuffled_prompt, repair=STALE, max_new_tokens=6, store_prompt=False)
