@@ -28,9 +28,9 @@ from kvboost_rag.retrieval import sample_nq
 VARIANTS = {
     "full": ("full", None),
     "prefix": ("prefix", None),
-    "reuse": ("reuse", RepairConfig(strategy="none", verify_margin=0.0, refresh=False)),
-    "reuse+boundary": ("reuse", RepairConfig(strategy="boundary", verify_margin=0.0, refresh=False)),
-    "reuse+cacheblend": ("reuse", RepairConfig(verify_margin=0.0, refresh=False)),  # CacheBlend alone
+    "reuse": ("reuse", RepairConfig(strategy="none").alone()),
+    "reuse+boundary": ("reuse", RepairConfig(strategy="boundary").alone()),
+    "reuse+cacheblend": ("reuse", RepairConfig().alone()),  # CacheBlend alone
     "reuse+cacheblend+verify": ("reuse", RepairConfig()),  # the default: a near-tie first token recomputed
     # (its refresh comes after the first token, which is all this benchmark times)
 }

@@ -57,7 +57,7 @@ def record_answers(questions: int, k: int, seed: int) -> list[dict]:
         random.Random(f"{seed}:{i}").shuffle(documents)
         prompt = build_messages(chosen[i].question, documents, DEFAULT_TEMPLATE, chat=True)
         row = {}
-        for name, mode, repair in (("full", "full", None), ("cacheblend", "reuse", RepairConfig(verify_margin=0.0, refresh=False))):
+        for name, mode, repair in (("full", "full", None), ("cacheblend", "reuse", RepairConfig().alone())):
             leads.clear()
             result = engine.generate(prompt, mode=mode, repair=repair, max_new_tokens=16, stop=["\n"], store_prompt=False)
             row[name] = dict(

@@ -58,6 +58,11 @@ class RepairConfig:
         if not 0.0 <= self.verify_margin <= 1.0:
             raise ValueError(f"verify_margin must be in [0, 1], got {self.verify_margin!r}")
 
+    def alone(self) -> RepairConfig:
+        """This repair by itself: nothing recomputed after the prefill (no verification, no
+        refresh), as evals and benchmarks measure each repair."""
+        return replace(self, verify_margin=0.0, refresh=False)
+
     def with_strategy(self, strategy: RepairStrategy | RepairConfig | None) -> RepairConfig:
         if strategy is None:
             return self

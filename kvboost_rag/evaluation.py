@@ -44,12 +44,8 @@ def standard_variants(base: RepairConfig) -> list[Variant]:
     verified and the answer refreshed on exact KV."""
     return [
         Variant("full", "full"),
-        Variant("none", "reuse", RepairConfig(strategy="none", verify_margin=0.0, refresh=False)),
-        Variant(
-            "boundary",
-            "reuse",
-            RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens, verify_margin=0.0, refresh=False),
-        ),
+        Variant("none", "reuse", RepairConfig(strategy="none").alone()),
+        Variant("boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=base.boundary_tokens).alone()),
         Variant("cacheblend", "reuse", _cacheblend(base)),
         Variant("default", "reuse", base),
     ]
@@ -69,7 +65,7 @@ def decode_variants(base: RepairConfig) -> list[Variant]:
 def _cacheblend(base: RepairConfig) -> RepairConfig:
     """CacheBlend alone (nothing recomputed after the prefill) with the base settings when they
     are CacheBlend's, else with CacheBlend's defaults."""
-    return replace(base if base.strategy == "cacheblend" else RepairConfig(), verify_margin=0.0, refresh=False)
+    return (base if base.strategy == "cacheblend" else RepairConfig()).alone()
 
 
 def rho_variants(base: RepairConfig, rhos: Iterable[float]) -> list[Variant]:

@@ -272,15 +272,15 @@ def _feed_forward_on_selected(layer: Any, cache: SelectiveCache, n: int) -> list
     mlp = getattr(layer, "mlp", None)
     if mlp is None:
         return []
-    narrowed = [False]
 
     def narrow_in(module: Any, args: tuple) -> tuple | None:
         selected = cache.selected
-        narrowed[0] = bool(args) and selected is not None and args[0].shape[1] == n > selected.numel()
-        return (args[0].index_select(1, selected), *args[1:]) if narrowed[0] else None
+        if not args or selected is None or not args[0].shape[1] == n > selected.numel():
+            return None
+        return (args[0].index_select(1, selected), *args[1:])
 
     def scatter_out(module: Any, args: tuple, output: Any) -> Any:
-        if not narrowed[0]:
+        if not args or args[0].shape[1] == n:  # not narrowed: the input reached it whole
             return None
         hidden = output if isinstance(output, torch.Tensor) else output[0]  # MoE blocks add router logits
         full = hidden.new_zeros(hidden.shape[0], n, *hidden.shape[2:]).index_copy_(1, cache.selected, hidden)

@@ -17,7 +17,7 @@ from kvboost_rag.prompting import rag_messages
 from kvboost_rag.repair import boundary_positions, reused_runs, select_for_recompute, with_recomputed
 
 
-STALE = RepairConfig(strategy="none", verify_margin=0.0, refresh=False)  # moved KV as it is, nothing recomputed
+STALE = RepairConfig(strategy="none").alone()  # moved KV as it is, nothing recomputed
 
 
 def test_mask_never_lets_a_token_see_a_later_position() -> None:
