@@ -1,21 +1,33 @@
 """kvboost-rag: reuse the KV cache of retrieved documents wherever they land in a prompt."""
 
-from .chunk_store import ChunkStore
-from .config import EngineConfig
-from .engine import GenerationStream, KVBoostRAG, PromptTooLongError
-from .model_support import UnsupportedModelError
-from .result import GenerationResult, StageTimings, WarmReport
-from .sampling import SamplingParams
+from .config import EngineConfig, ExactnessConfig, RepairConfig
+from .engine import (
+    DecodeObserver,
+    GenerationResult,
+    GenerationStream,
+    KVBoostRAG,
+    PromptTooLongError,
+    SamplingParams,
+    StageTimings,
+    WarmReport,
+)
+from .hf.support import UnsupportedModelError
+from .store.memory import ChunkStore
+from .store.settings import StoreSettingsError
 
 __all__ = [
     "ChunkStore",
+    "DecodeObserver",
     "EngineConfig",
+    "ExactnessConfig",
     "GenerationResult",
     "GenerationStream",
     "KVBoostRAG",
     "PromptTooLongError",
+    "RepairConfig",
     "SamplingParams",
     "StageTimings",
+    "StoreSettingsError",
     "UnsupportedModelError",
     "WarmReport",
 ]

@@ -1,35 +1,42 @@
-"""Engine settings: one dataclass, checked when built."""
+"""Engine settings: plain dataclasses, checked when built.
+
+Three concerns, three settings: how chunks are cut, matched and kept (`EngineConfig`), how the
+prefill repairs moved KV (`RepairConfig`), and what the answer reads after its first token
+(`ExactnessConfig`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Literal
+import difflib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from .ops.logits import top_margin
 
 Mode = Literal["full", "prefix", "reuse"]
 ChunkingStrategy = Literal["fixed", "semantic", "adaptive"]
+RepairStrategy = Literal["none", "boundary", "cacheblend"]
+Deviation = Literal["value", "key"]
+Quantization = Literal["int8", "int4"]
 
 MODES: tuple[Mode, ...] = ("full", "prefix", "reuse")
 CHUNKING_STRATEGIES: tuple[ChunkingStrategy, ...] = ("fixed", "semantic", "adaptive")
-
-
-RepairStrategy = Literal["none", "boundary", "cacheblend"]
 REPAIR_STRATEGIES: tuple[RepairStrategy, ...] = ("none", "boundary", "cacheblend")
-Deviation = Literal["value", "key"]
+QUANTIZATIONS: tuple[Quantization | None, ...] = (None, "int8", "int4")
+# `EngineConfig.store` value that keeps chunks in this process's memory only.
+MEMORY_ONLY = "memory"
 
 
 @dataclass(slots=True, frozen=True)
 class RepairConfig:
-    """`rho`: share of reused tokens CacheBlend recomputes. `min_reused_share`: below this share of
-    moved tokens in a prompt, repair is skipped (little was reused, little can be wrong).
-    `verify_margin`: while the answer reads moved KV, a token whose probability leads the
-    runner-up's by less than this is not taken: the prompt and the answer so far are recomputed
-    as full prefill would, and the answer goes on from that exact KV. Near-ties are where moved KV
-    flips a choice; a clear first token keeps reuse's TTFT. 0 never verifies; 0.05 was chosen on
-    NQ questions outside the eval's (benchmarks/verify_margin.py).
-    `refresh`: after the first token, recompute the prompt so that every later token reads full
-    prefill's KV: the answer is full prefill's whenever its first token is, for one full prefill
-    before the second token. On by default: an answer that meets a near-tie later pays that
-    recompute anyway, and later, with more tokens to replay (README, "Eval")."""
+    """What the prefill recomputes of the moved (reused) KV.
+
+    `rho`: share of moved tokens CacheBlend recomputes after its check layer.
+    `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
+    reused, little can be wrong). `narrow_check_layer`: the check layer's attention and
+    feed-forward run for the selected tokens only (the next layer drops the rest); off runs them
+    for every token, with the same logits, as the reference for that shortcut.
+    """
 
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
@@ -39,8 +46,7 @@ class RepairConfig:
     tail_tokens: int = 0
     blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
     min_reused_share: float = 0.0
-    refresh: bool = True
-    verify_margin: float = 0.05
+    narrow_check_layer: bool = True
 
     def __post_init__(self) -> None:
         if self.strategy not in REPAIR_STRATEGIES:
@@ -55,20 +61,48 @@ class RepairConfig:
             raise ValueError("token counts must be >= 0")
         if not 0.0 <= self.min_reused_share <= 1.0:
             raise ValueError("min_reused_share must be in [0, 1]")
-        if not 0.0 <= self.verify_margin <= 1.0:
-            raise ValueError(f"verify_margin must be in [0, 1], got {self.verify_margin!r}")
-
-    def alone(self) -> RepairConfig:
-        """This repair by itself: nothing recomputed after the prefill (no verification, no
-        refresh), as evals and benchmarks measure each repair."""
-        return replace(self, verify_margin=0.0, refresh=False)
 
     def with_strategy(self, strategy: RepairStrategy | RepairConfig | None) -> RepairConfig:
+        """An override as `stream(repair=...)` takes it: a strategy name or a whole config."""
         if strategy is None:
             return self
         if isinstance(strategy, RepairConfig):
             return strategy
         return replace(self, strategy=strategy)
+
+
+@dataclass(slots=True, frozen=True)
+class ExactnessConfig:
+    """What the answer reads after the prefill, while the prefill read moved KV.
+
+    `verify_margin`: a token whose probability leads the runner-up's by less than this is not
+    taken on moved KV: the prompt and the answer so far are recomputed as full prefill would, and
+    the answer goes on from that exact KV. Near-ties are where moved KV flips a choice; a clear
+    first token keeps reuse's TTFT. 0 never verifies; 0.05 was chosen on NQ questions outside
+    the eval's (benchmarks/verify_margin.py).
+    `refresh`: after the first token, recompute the prompt so that every later token reads full
+    prefill's KV: the answer is full prefill's whenever its first token is, for one full prefill
+    before the second token.
+    """
+
+    verify_margin: float = 0.05
+    refresh: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.verify_margin <= 1.0:
+            raise ValueError(f"verify_margin must be in [0, 1], got {self.verify_margin!r}")
+
+    @classmethod
+    def off(cls) -> ExactnessConfig:
+        """Nothing recomputed after the prefill: the answer reads the repaired KV throughout."""
+        return cls(verify_margin=0.0, refresh=False)
+
+    def lead(self, logits: Any) -> float:
+        """How clearly the next token wins (top probability minus the runner-up's).
+
+        A method, so an evaluation can script near-ties by overriding it.
+        """
+        return top_margin(logits)
 
 
 @dataclass(slots=True)
@@ -78,6 +112,9 @@ class EngineConfig:
     `match_window` is the length of the token windows that index stored chunks: a document is
     found in a prompt wherever a run of at least `2 * match_window - 1` of its tokens appears
     unchanged, so shorter runs are computed rather than reused.
+    `store`: where chunks persist: a directory, shared by every process and by `kvboost-rag
+    warm`; None is the user cache directory's store (the same one the CLI writes by default);
+    "memory" keeps chunks in this process only.
     """
 
     chunk_size: int = 128
@@ -88,19 +125,21 @@ class EngineConfig:
     memory_budget_bytes: int = 4 * 1024**3
     store_prompt_prefixes: bool = True
     repair: RepairConfig = field(default_factory=RepairConfig)
+    exactness: ExactnessConfig = field(default_factory=ExactnessConfig)
     # Text encoded before every warmed document (its KV is not kept), so a document's first
     # tokens do not become an attention sink; "" encodes each document alone from position 0.
     warm_prefix: str = ""
     # Warmed chunks kept KIVI-quantized ("int8" or "int4"), dequantized when a prompt reuses them.
-    kv_quantization: Literal["int8", "int4"] | None = None
-    # A directory for the persistent chunk store, shared by processes; None keeps chunks in memory only.
-    cache_dir: str | None = None
+    kv_quantization: Quantization | None = None
+    store: str | None = None
     # Bytes the persistent store may hold; least recently used unpinned chunks are pruned past it.
     disk_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if isinstance(self.repair, str):
+            self.repair = RepairConfig(strategy=self.repair)  # type: ignore[arg-type]
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be an integer >= 1, got {self.chunk_size!r}")
         if self.chunking not in CHUNKING_STRATEGIES:
             raise ValueError(f"chunking must be one of {CHUNKING_STRATEGIES}, got {self.chunking!r}")
         if not 0 <= self.adaptive_slack < self.chunk_size:
@@ -109,7 +148,48 @@ class EngineConfig:
             raise ValueError("match_window must be in [1, chunk_size]")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.kv_quantization not in (None, "int8", "int4"):
+        if self.kv_quantization not in QUANTIZATIONS:
             raise ValueError(f"kv_quantization must be None, 'int8' or 'int4', got {self.kv_quantization!r}")
         if self.memory_budget_bytes < 0:
             raise ValueError("memory_budget_bytes must be >= 0")
+        if self.disk_budget_bytes is not None and self.disk_budget_bytes < 0:
+            raise ValueError("disk_budget_bytes must be >= 0")
+        if not isinstance(self.warm_prefix, str):
+            raise TypeError(f"warm_prefix must be a str, got {type(self.warm_prefix).__name__}")
+        if self.store is not None and not isinstance(self.store, str):
+            self.store = str(self.store)  # a Path
+
+    @property
+    def memory_only(self) -> bool:
+        return self.store == MEMORY_ONLY
+
+    @classmethod
+    def from_options(cls, base: EngineConfig | None = None, **options: Any) -> EngineConfig:
+        """A config from keyword options, with a clear error for any name it does not know.
+
+        Framework packages, the CLI and the server all build their engine through this, so the
+        same option names work everywhere and a misspelled one is never silently ignored.
+        """
+        check_option_names(options, engine_option_names())
+        return replace(base or cls(), **options)
+
+    def explicit_fields(self) -> set[str]:
+        """Fields set to something other than their default (what a user chose)."""
+        default = EngineConfig()
+        return {f.name for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+
+
+def engine_option_names() -> set[str]:
+    return {f.name for f in fields(EngineConfig)}
+
+
+def check_option_names(options: dict[str, Any], known: set[str], what: str = "engine option") -> None:
+    """TypeError naming each unknown option and the closest known one."""
+    unknown = sorted(set(options) - known)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise TypeError(f"unknown {what}{'s' if len(unknown) > 1 else ''}: {', '.join(hints)}")

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.qa_dataset import load_qa
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.eval.data import load_qa
 
 
 @pytest.fixture(scope="session")
 def engine() -> KVBoostRAG:
-    return KVBoostRAG.from_pretrained(dtype="float32")
+    return KVBoostRAG.from_pretrained(dtype="float32", store="memory")
 
 
 @pytest.fixture()
 def fresh_engine(engine: KVBoostRAG) -> KVBoostRAG:
     """The session's model with an empty store, so tests do not see each other's chunks."""
-    return KVBoostRAG(engine.model, engine.tokenizer, name=engine.name)  # a new engine, a new memory store
+    return KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kvboost_rag.kv_cache import few_queries_attention, mixed_attention_mask
+from kvboost_rag.hf.attention import few_queries_attention
+from kvboost_rag.ops.attention import position_mask
 
 
 @pytest.mark.parametrize("boolean_mask", [False, True])
@@ -21,7 +22,7 @@ def test_matches_sdpa(boolean_mask: bool, heads: int, kv_heads: int) -> None:
     value = torch.randn(1, kv_heads, length, head_dim)
     # Selected tokens scattered over the prompt, slots in position order: an exact causal mask.
     query_positions = torch.sort(torch.randperm(length)[:queries]).values
-    mask = mixed_attention_mask(query_positions, torch.arange(length), torch.float32)
+    mask = position_mask(query_positions, torch.arange(length), torch.float32)
     if boolean_mask:
         mask = mask == 0
     module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
@@ -42,7 +43,7 @@ def test_bfloat16_is_as_close_to_fp32_attention_as_sdpa_in_bfloat16() -> None:
     module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
 
     def attend(function, dtype: torch.dtype) -> torch.Tensor:
-        mask = mixed_attention_mask(positions, torch.arange(length), dtype)
+        mask = position_mask(positions, torch.arange(length), dtype)
         tensors = (t.to(dtype) for t in (query, key, value))
         return function(module, *tensors, mask)[0].float()
 

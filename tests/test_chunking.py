@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvboost_rag.chunking import adaptive_boundaries, chunk_boundaries, fixed_boundaries, semantic_boundaries
+from kvboost_rag.plan.chunking import adaptive_boundaries, chunk_boundaries, fixed_boundaries, semantic_boundaries
 
 
 def words(text: str) -> list[str]:

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from kvboost_rag import EngineConfig, KVBoostRAG
-from kvboost_rag.disk_store import DiskStore
+from kvboost_rag.store.disk import DiskStore
 
 CLI = [sys.executable, "-m", "kvboost_rag.cli"]
 
@@ -31,11 +31,11 @@ def write_jsonl(path: Path, documents: list[str]) -> Path:
 
 
 def tiny_engine(model_dir: Path, cache: Path, **config: object) -> KVBoostRAG:
-    return KVBoostRAG.from_pretrained(model_dir, dtype="float32", config=EngineConfig(cache_dir=str(cache), **config))
+    return KVBoostRAG.from_pretrained(model_dir, dtype="float32", config=EngineConfig(store=str(cache), **config))
 
 
 def warm_args(data: Path, cache: Path, model: Path) -> list[str]:
-    return [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(model), "--dtype", "float32"]
+    return [*CLI, "warm", str(data), "--store", str(cache), "--model", str(model), "--dtype", "float32"]
 
 
 def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess:
@@ -62,7 +62,7 @@ def test_fresh_process_reuses_with_zero_recompute(tiny_model_dir: Path, tmp_path
     data = write_jsonl(tmp_path / "docs.jsonl", documents)
     cache = tmp_path / "store"
     warmed = run(
-        [*CLI, "warm", str(data), "--cache-dir", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
+        [*CLI, "warm", str(data), "--store", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
     )
     assert warmed.returncode == 0, warmed.stderr
     assert "4 warmed" in warmed.stdout
@@ -70,7 +70,7 @@ def test_fresh_process_reuses_with_zero_recompute(tiny_model_dir: Path, tmp_path
         import json, sys
         from kvboost_rag import EngineConfig, KVBoostRAG
         engine = KVBoostRAG.from_pretrained({str(tiny_model_dir)!r}, dtype="float32",
-                                            config=EngineConfig(cache_dir={str(cache)!r}))
+                                            config=EngineConfig(store={str(cache)!r}))
         documents = json.loads(sys.stdin.read())
         report = engine.warm(documents)
         result = engine.generate("Context:\\n" + "\\n\\n".join(documents[::-1]) + "\\nQ?", max_new_tokens=1)
@@ -170,15 +170,15 @@ def test_cache_commands(tiny_model_dir: Path, tmp_path: Path, passages: list[str
     (folder / "nested" / "b.md").write_text(passages[1])
     write_jsonl(folder / "c.jsonl", passages[2:4])
     cache = tmp_path / "store"
-    warmed = run([*CLI, "warm", str(folder), "--cache-dir", str(cache), "--model", str(tiny_model_dir)])
+    warmed = run([*CLI, "warm", str(folder), "--store", str(cache), "--model", str(tiny_model_dir)])
     assert warmed.returncode == 0 and "4 documents from 3 files: 4 warmed" in warmed.stdout, warmed.stderr
-    stats = run([*CLI, "cache", "stats", "--cache-dir", str(cache)])
+    stats = run([*CLI, "cache", "stats", "--store", str(cache)])
     assert stats.returncode == 0 and " 4 " in stats.stdout
-    verify = run([*CLI, "cache", "verify", "--cache-dir", str(cache)])
+    verify = run([*CLI, "cache", "verify", "--store", str(cache)])
     assert verify.returncode == 0 and "0 dropped" in verify.stdout
-    prune = run([*CLI, "cache", "prune", "--budget", "0", "--cache-dir", str(cache)])
+    prune = run([*CLI, "cache", "prune", "--budget", "0", "--store", str(cache)])
     assert prune.returncode == 0 and "0.0 MiB stored" in prune.stdout
-    missing = run([*CLI, "warm", str(tmp_path / "nope.txt"), "--cache-dir", str(cache)])
+    missing = run([*CLI, "warm", str(tmp_path / "nope.txt"), "--store", str(cache)])
     assert missing.returncode != 0 and "does not exist" in missing.stderr
 
 

@@ -12,18 +12,13 @@ from typer.testing import CliRunner
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.cli import app
-from kvboost_rag.config import RepairConfig
-from kvboost_rag.eval_report import format_table, write
-from kvboost_rag.evaluation import (
-    Variant,
-    decode_variants,
-    first_token_kl,
-    paired_ci,
-    run_eval,
-    standard_variants,
-    top_margin,
-)
-from kvboost_rag.qa_dataset import load_qa
+from kvboost_rag.config import ExactnessConfig, RepairConfig
+from kvboost_rag.eval.data import load_qa
+from kvboost_rag.eval.report import format_table, write
+from kvboost_rag.eval.runner import paired_ci, run_eval
+from kvboost_rag.eval.variants import VARIANTS, Baseline, Variant, variants
+from kvboost_rag.ops.logits import kl_divergence as first_token_kl
+from kvboost_rag.ops.logits import top_margin
 
 RECORDS = [
     {
@@ -89,13 +84,13 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
     path = tmp_path / "qa.jsonl"
     path.write_text("\n".join(map(json.dumps, RECORDS)))
     examples = load_qa(path)
-    variants = standard_variants(RepairConfig()) + decode_variants(RepairConfig())
+    chosen = variants(VARIANTS, Baseline(RepairConfig(), ExactnessConfig()))
     report = run_eval(
         fresh_engine,
         examples,
         lambda i: [p.as_document() for p in examples[i].passages],
-        variants,
-        sweep=[Variant("cacheblend@1", "reuse", RepairConfig(rho=1.0))],
+        [v for v in chosen if v.name != "prefix"],
+        sweep=[Variant("cacheblend@1", "reuse", RepairConfig(rho=1.0), ExactnessConfig.off())],
         sweep_questions=1,
         max_new_tokens=12,
     )

@@ -44,8 +44,8 @@ def test_warmed_document_at_prompt_head_is_exact(fresh_engine: KVBoostRAG, passa
 def test_moved_document_keys_match_encoding_at_new_positions(engine: KVBoostRAG, passages: list[str]) -> None:
     """Whole-model check of re-rotation: a document encoded at 0 and moved to s has the keys
     (and values) it has when encoded at s directly, since attention sees only relative offsets."""
-    from kvboost_rag.kv_cache import forward_last_logits, make_cache, stacked_kv
-    from kvboost_rag.rope import rerotate_keys
+    from kvboost_rag.hf.cache import forward_last_logits, make_cache, stacked_kv
+    from kvboost_rag.ops.rope import rerotate_keys
 
     ids = torch.tensor(engine.tokenizer(passages[0], add_special_tokens=False).input_ids)
     n, shift = len(ids), 333

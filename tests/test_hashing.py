@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvboost_rag.hashing import (
+from kvboost_rag.plan.keys import (
     chained_prefix_hashes,
     content_hash,
     fingerprint_from_parts,

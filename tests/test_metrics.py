@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvboost_rag.metrics import best_subspan_em, normalize_answer, token_f1
+from kvboost_rag.eval.metrics import best_subspan_em, normalize_answer, token_f1
 
 
 def test_normalisation_is_squad_style() -> None:

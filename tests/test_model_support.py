@@ -22,7 +22,7 @@ from transformers import (
 )
 
 from kvboost_rag import KVBoostRAG, UnsupportedModelError
-from kvboost_rag.model_support import unsupported_reason
+from kvboost_rag.hf.support import unsupported_reason
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
@@ -63,7 +63,7 @@ def test_rope_families_are_supported(config: object) -> None:
 def test_refused_before_any_weight_is_read(tmp_path: Path) -> None:
     GPT2Config(n_embd=64, n_layer=2, n_head=4).save_pretrained(tmp_path)  # a config, no weights at all
     with pytest.raises(UnsupportedModelError, match=r"absolute position.*allow_unsupported=True") as error:
-        KVBoostRAG.from_pretrained(tmp_path)
+        KVBoostRAG.from_pretrained(tmp_path, store="memory")
     assert str(tmp_path) in str(error.value)
 
 
@@ -77,7 +77,7 @@ def save_tiny(tmp_path: Path, engine: KVBoostRAG, config: object) -> Path:
 
 def test_unsupported_model_runs_with_reuse_off_when_asked(tmp_path: Path, engine: KVBoostRAG) -> None:
     folder = save_tiny(tmp_path, engine, GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024))
-    tiny = KVBoostRAG.from_pretrained(folder, dtype="float32", allow_unsupported=True)
+    tiny = KVBoostRAG.from_pretrained(folder, dtype="float32", allow_unsupported=True, store="memory")
     assert not tiny.reuse_supported and tiny.config.mode == "full"
     assert tiny.generate("Hello there", max_new_tokens=3).new_tokens >= 1
     assert tiny.generate("Hello there", max_new_tokens=3, mode="prefix").new_tokens >= 1
@@ -98,7 +98,7 @@ def test_other_families_reuse_like_the_default(
     tmp_path: Path, engine: KVBoostRAG, passages: list[str], family: str
 ) -> None:
     folder = save_tiny(tmp_path, engine, FAMILIES[family])
-    tiny = KVBoostRAG.from_pretrained(folder, dtype="float32")
+    tiny = KVBoostRAG.from_pretrained(folder, dtype="float32", store="memory")
     document = "\n".join(passages[:3])
     tiny.warm(document)
     head = document + "\nQuestion?"
@@ -112,9 +112,9 @@ def test_other_families_reuse_like_the_default(
 
 def test_gguf_file_loads_directly(engine: KVBoostRAG) -> None:
     """A GGUF path works like a folder: the embedded default's file gives the converted model's logits."""
-    from kvboost_rag.model_loader import default_model_gguf
+    from kvboost_rag.hf.loader import default_model_gguf
 
-    direct = KVBoostRAG.from_pretrained(default_model_gguf(), dtype="float32")
+    direct = KVBoostRAG.from_pretrained(default_model_gguf(), dtype="float32", store="memory")
     prompt = "The capital of France is"
     a, _ = direct.next_token_logits(prompt, mode="full")
     b, _ = engine.next_token_logits(prompt, mode="full")

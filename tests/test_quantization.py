@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvboost_rag.quantization import quantize, quantize_keys, quantize_values
+from kvboost_rag.ops.quantization import quantize, quantize_keys, quantize_values
 
 
 def kv_like(seed: int = 0) -> torch.Tensor:
@@ -60,14 +60,14 @@ def test_constant_groups_and_bad_bits() -> None:
 
 def test_engine_keeps_warmed_chunks_quantized(engine, passages) -> None:
     from kvboost_rag import EngineConfig, KVBoostRAG
-    from kvboost_rag.chunk_store import ChunkStore
+    from kvboost_rag.store.memory import ChunkStore
     from kvboost_rag.config import RepairConfig
-    from kvboost_rag.prompting import rag_messages
+    from kvboost_rag.eval.prompt import rag_messages
 
     documents = passages[:3]
     prompt = rag_messages("Which is it?", documents[::-1])
     engines = {
-        kind: KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(kv_quantization=kind))
+        kind: KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(kv_quantization=kind, store="memory"))
         for kind in (None, "int8", "int4")
     }
     stored, logits = {}, {}

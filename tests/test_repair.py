@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
 import torch
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.config import RepairConfig
-from kvboost_rag.kv_cache import SelectiveCache, forward_last_logits, make_cache, mixed_attention_mask
-from kvboost_rag.matching import ReusePlan, Segment
-from kvboost_rag.prompting import rag_messages
-from kvboost_rag.repair import boundary_positions, reused_runs, select_for_recompute, with_recomputed
+from kvboost_rag.config import ExactnessConfig, RepairConfig
+from kvboost_rag.eval.prompt import rag_messages
+from kvboost_rag.hf.blend import SelectiveCache
+from kvboost_rag.hf.cache import forward_last_logits, make_cache
+from kvboost_rag.ops.attention import position_mask
+from kvboost_rag.ops.selection import select_for_recompute
+from kvboost_rag.plan.matching import ReusePlan, Segment
+from kvboost_rag.plan.repair import boundary_positions, reused_runs, with_recomputed
 
-
-STALE = RepairConfig(strategy="none").alone()  # moved KV as it is, nothing recomputed
+STALE = RepairConfig(strategy="none")  # moved KV as it is
+OFF = ExactnessConfig.off()  # nothing recomputed after the prefill
 
 
 def test_mask_never_lets_a_token_see_a_later_position() -> None:
     generator = torch.Generator().manual_seed(0)
     slots = torch.randperm(200, generator=generator)  # slots in any order
     queries = torch.sort(slots[torch.randperm(200, generator=generator)[:37]]).values
-    mask = mixed_attention_mask(queries, slots, torch.float32)[0, 0]
+    mask = position_mask(queries, slots, torch.float32)[0, 0]
     visible = mask == 0
     for i, q in enumerate(queries.tolist()):
         assert set(slots[visible[i]].tolist()) == set(range(q + 1))
@@ -106,9 +109,9 @@ def test_check_layer_attends_for_the_selected_tokens_only(
     fast, plan = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
     selected = plan.tokens("computed") + math.ceil(0.3 * plan.tokens("approximate"))
     assert narrowed.count(True) == 1 and rows == [selected]
-    monkeypatch.setattr(SelectiveCache, "narrows", lambda self, *a: False)
-    monkeypatch.setattr("kvboost_rag.kv_cache._feed_forward_on_selected", lambda *a: [])
-    every_token, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
+    every_token, _ = fresh_engine.next_token_logits(
+        shuffled_prompt, mode="reuse", repair=replace(repair, narrow_check_layer=False)
+    )
     handle.remove()
     assert rows[1] == sum(len(s) for s in plan.segments), "the reference runs every token"
     assert (fast - every_token).abs().max().item() <= 1e-4
@@ -163,15 +166,21 @@ def _greedy_after(engine: KVBoostRAG, tokens: list[int], answer: list[int], coun
 def test_refresh_decodes_the_rest_from_full_prefill_kv(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """After the first token (taken from moved KV, deliberately unrepaired here), a refreshed
     answer continues exactly as full prefill would from that token."""
-    repair = replace(STALE, refresh=True)
     refreshed = fresh_engine.generate(
-        shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=6, store_prompt=False
+        shuffled_prompt,
+        mode="reuse",
+        repair=STALE,
+        exactness=ExactnessConfig(verify_margin=0.0, refresh=True),
+        max_new_tokens=6,
+        store_prompt=False,
     )
     assert refreshed.reused_approximate_tokens > 300 and refreshed.new_tokens == 6
     assert refreshed.refresh_s > 0 and refreshed.total_s > refreshed.ttft_s + refreshed.refresh_s
     tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
     assert refreshed.token_ids[1:] == _greedy_after(fresh_engine, tokens, refreshed.token_ids[:1], 5)
-    stale = fresh_engine.generate(shuffled_prompt, mode="reuse", repair=STALE, max_new_tokens=6, store_prompt=False)
+    stale = fresh_engine.generate(
+        shuffled_prompt, mode="reuse", repair=STALE, exactness=OFF, max_new_tokens=6, store_prompt=False
+    )
     assert stale.token_ids[0] == refreshed.token_ids[0], "the first token does not wait for the refresh"
     assert stale.refresh_s == 0.0
 
@@ -180,9 +189,13 @@ def test_refresh_gives_full_prefills_answer_when_the_first_token_agrees(
     fresh_engine: KVBoostRAG, shuffled_prompt: list
 ) -> None:
     full = fresh_engine.generate(shuffled_prompt, mode="full", max_new_tokens=8, store_prompt=False)
-    repair = RepairConfig(rho=1.0, refresh=True, verify_margin=0.0)  # rho 1: the first token is full prefill's
     refreshed = fresh_engine.generate(
-        shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=8, store_prompt=False
+        shuffled_prompt,
+        mode="reuse",
+        repair=RepairConfig(rho=1.0),  # rho 1: the first token is full prefill's
+        exactness=ExactnessConfig(verify_margin=0.0, refresh=True),
+        max_new_tokens=8,
+        store_prompt=False,
     )
     assert refreshed.refresh_s > 0
     assert refreshed.token_ids == full.token_ids and refreshed.text == full.text
@@ -191,8 +204,8 @@ def test_refresh_gives_full_prefills_answer_when_the_first_token_agrees(
 def test_refresh_stores_the_prompt_as_exact_chunks(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """The refreshed cache is full prefill's, so every whole chunk of the prompt is kept for
     EXACT hits: a repeat of the prompt, the rest recomputed, reproduces full prefill's logits."""
-    repair = RepairConfig(refresh=True, verify_margin=0.0)
-    fresh_engine.generate(shuffled_prompt, repair=repair, max_new_tokens=2, store_prompt=True)
+    refresh = ExactnessConfig(verify_margin=0.0, refresh=True)
+    fresh_engine.generate(shuffled_prompt, exactness=refresh, max_new_tokens=2, store_prompt=True)
     repeat, plan = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=RepairConfig(rho=1.0))
     prompt_tokens = len(fresh_engine.tokenize_prompt(shuffled_prompt))
     assert plan.exact_chunks == prompt_tokens // fresh_engine.config.chunk_size
@@ -207,31 +220,48 @@ def test_verify_takes_a_near_tie_from_exact_kv(fresh_engine: KVBoostRAG, shuffle
     full = fresh_engine.generate(
         shuffled_prompt, mode="full", max_new_tokens=8, store_prompt=False, return_first_logits=True
     )
-    repair = RepairConfig(strategy="none", verify_margin=1.0)  # every step of moved KV is in doubt
     verified = fresh_engine.generate(
-        shuffled_prompt, mode="reuse", repair=repair, max_new_tokens=8, store_prompt=False, return_first_logits=True
+        shuffled_prompt,
+        mode="reuse",
+        repair=STALE,
+        exactness=ExactnessConfig(verify_margin=1.0, refresh=False),  # every step of moved KV is in doubt
+        max_new_tokens=8,
+        store_prompt=False,
+        return_first_logits=True,
     )
     assert verified.reused_approximate_tokens > 300 and verified.exact_from == 0
     assert verified.token_ids == full.token_ids and verified.text == full.text
     assert torch.equal(verified.first_logits, full.first_logits)
     assert 0 < verified.timings.verify_s <= verified.refresh_s and verified.ttft_s > verified.timings.verify_s
-    unverified = fresh_engine.generate(shuffled_prompt, repair=STALE, max_new_tokens=1, store_prompt=False)
+    unverified = fresh_engine.generate(
+        shuffled_prompt, repair=STALE, exactness=OFF, max_new_tokens=1, store_prompt=False
+    )
     assert unverified.exact_from is None and unverified.timings.verify_s == 0.0
     with pytest.raises(ValueError, match="verify_margin"):
-        RepairConfig(verify_margin=1.5)
+        ExactnessConfig(verify_margin=1.5)
 
 
-def test_verify_mid_answer_goes_on_as_full_prefill_would(
-    fresh_engine: KVBoostRAG, shuffled_prompt: list, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@dataclass(frozen=True)
+class ScriptedLeads(ExactnessConfig):
+    """Verification with the first tokens' leads given, to place a near-tie where a test wants it."""
+
+    leads: list[float] = field(default_factory=list)
+
+    def lead(self, logits: torch.Tensor) -> float:
+        return self.leads.pop(0)
+
+
+def test_verify_mid_answer_goes_on_as_full_prefill_would(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """A near-tie at the third token: the first two stay moved KV's, the rest is what full
     prefill writes after them."""
-    leads = iter([0.9, 0.9, 0.0])
-    monkeypatch.setattr("kvboost_rag.engine.top_margin", lambda logits: next(leads))
-    repair = RepairConfig(strategy="none", verify_margin=0.5, refresh=False)
-    verified = fresh_engine.generate(shuffled_prompt, repair=repair, max_new_tokens=6, store_prompt=False)
+    policy = ScriptedLeads(verify_margin=0.5, refresh=False, leads=[0.9, 0.9, 0.0])
+    verified = fresh_engine.generate(
+        shuffled_prompt, repair=STALE, exactness=policy, max_new_tokens=6, store_prompt=False
+    )
     assert verified.exact_from == 2 and verified.timings.verify_s == 0.0 and verified.refresh_s > 0
-    stale = fresh_engine.generate(shuffled_prompt, repair=STALE, max_new_tokens=6, store_prompt=False)
+    stale = fresh_engine.generate(
+        shuffled_prompt, repair=STALE, exactness=OFF, max_new_tokens=6, store_prompt=False
+    )
     assert verified.token_ids[:2] == stale.token_ids[:2]
     tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
     assert verified.token_ids[2:] == _greedy_after(fresh_engine, tokens, verified.token_ids[:2], 4)

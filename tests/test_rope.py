@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PhiConfig, Qwen2Config
 from transformers.models.llama.modeling_llama import rotate_half  # the reference, not ours
 
-from kvboost_rag.rope import rerotate_keys
+from kvboost_rag.ops.rope import rerotate_keys
 
 
 def tiny(config_cls: type, **extra: object) -> torch.nn.Module:

@@ -6,8 +6,9 @@ import numpy as np
 import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG
-from kvboost_rag.chunk_store import ChunkEntry, ChunkStore
-from kvboost_rag.hashing import content_hash, fingerprint_from_parts, prefix_hash
+from kvboost_rag.store.entry import ChunkEntry
+from kvboost_rag.store.memory import ChunkStore
+from kvboost_rag.plan.keys import content_hash, fingerprint_from_parts, prefix_hash
 
 
 def test_warming_twice_does_no_model_work(fresh_engine: KVBoostRAG, passages: list[str], monkeypatch) -> None:
@@ -89,7 +90,7 @@ def test_entry_larger_than_budget_is_not_stored() -> None:
 
 def test_engine_budget_holds_while_warming(engine: KVBoostRAG, passages: list[str]) -> None:
     budget = 20 * 1024**2
-    small = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=budget))
+    small = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=budget, store="memory"))
     small.warm(passages[:12])
     stats = small.store.stats()
     assert 0 < stats.bytes <= budget and stats.evictions > 0
@@ -98,7 +99,7 @@ def test_engine_budget_holds_while_warming(engine: KVBoostRAG, passages: list[st
 
 
 def test_pinned_documents_survive_warming_past_the_budget(engine: KVBoostRAG, passages: list[str]) -> None:
-    small = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=20 * 1024**2))
+    small = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=20 * 1024**2, store="memory"))
     small.warm(passages[0], pin=True)
     small.warm(passages[1:12])
     assert small.store.stats().evictions > 0
@@ -120,7 +121,7 @@ def sized_entry(seed: int, fingerprint: bytes, value_scale: float = 1.0) -> Chun
 
 def test_eviction_follows_the_keep_score() -> None:
     """Recency alone would evict the oldest; hits and importance keep chunks longer."""
-    from kvboost_rag.eviction import EvictionWeights
+    from kvboost_rag.store.eviction import EvictionWeights
 
     fp = fingerprint_from_parts(["test"])
     size = sized_entry(0, fp).nbytes

@@ -1,0 +1,142 @@
+"""`kvboost-rag eval`: NaturalQuestions-style accuracy and timings of every variant against full prefill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import DtypeOption, ModelOption, StoreOption, app
+
+MEMORY = "memory"
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as error:
+        raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from error
+
+
+@app.command("eval")
+def eval_command(
+    data: Annotated[Path | None, typer.Option(help="QA file (jsonl or json list, .gz or not); default NQ-Open")] = None,
+    limit: Annotated[int, typer.Option(help="questions to answer")] = 500,
+    k: Annotated[int, typer.Option(help="passages per prompt")] = 5,
+    use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
+    seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
+    variants: Annotated[str, typer.Option(help="comma list of variants (see eval/variants.py)")] = (
+        "full,none,boundary,cacheblend,default"
+    ),
+    rho_sweep: Annotated[
+        str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
+    ] = "0.05,0.3,0.5",
+    sweep_limit: Annotated[int, typer.Option(help="questions for the rho sweep")] = 200,
+    rho: Annotated[float | None, typer.Option(help="CacheBlend rho (default: the engine's)")] = None,
+    check_layer: Annotated[int | None, typer.Option(help="CacheBlend check layer")] = None,
+    deviation: Annotated[str | None, typer.Option(help="CacheBlend deviation: value or key")] = None,
+    boundary_tokens: Annotated[int | None, typer.Option(help="tokens recomputed at each run start (boundary)")] = None,
+    blend_boundary_tokens: Annotated[
+        int | None, typer.Option(help="run-start tokens CacheBlend always recomputes")
+    ] = None,
+    verify_margin: Annotated[
+        float | None, typer.Option(help="a token leading by less than this is recomputed on exact KV")
+    ] = None,
+    refresh: Annotated[
+        bool | None, typer.Option(help="'default': recompute the prompt after the first token")
+    ] = None,
+    template: Annotated[
+        str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")
+    ] = None,
+    chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = True,
+    max_new_tokens: Annotated[int, typer.Option()] = 32,
+    model: ModelOption = None,
+    dtype: DtypeOption = None,
+    store: StoreOption = MEMORY,
+    out: Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")] = Path("eval-results"),
+) -> None:
+    """Every variant answers the same prompts as full prefill; the eval keeps its chunks in
+    memory unless --store names a directory, so it never fills the user's store."""
+    import random
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    from ..engine import KVBoostRAG
+    from ..eval.data import default_nq_path, load_qa
+    from ..eval.prompt import TEMPLATE
+    from ..eval.report import format_table, write
+    from ..eval.runner import run_eval
+    from ..eval.variants import Baseline, rho_variants
+    from ..eval.variants import variants as build_variants
+
+    path = data or default_nq_path()
+    examples = load_qa(path)
+    if not examples:
+        raise typer.BadParameter(f"{path} holds no examples")
+    chosen = random.Random(seed).sample(examples, min(limit, len(examples)))
+    engine = KVBoostRAG.from_pretrained(model, dtype=dtype, store=store)
+    repair_changes = dict(
+        rho=rho,
+        check_layer=check_layer,
+        deviation=deviation,
+        boundary_tokens=boundary_tokens,
+        blend_boundary_tokens=blend_boundary_tokens,
+    )
+    exactness_changes = dict(verify_margin=verify_margin, refresh=refresh)
+    baseline = Baseline(
+        replace(
+            engine.config.repair, strategy="cacheblend", **{k: v for k, v in repair_changes.items() if v is not None}
+        ),
+        replace(engine.config.exactness, **{k: v for k, v in exactness_changes.items() if v is not None}),
+    )
+    try:
+        chosen_variants = build_variants([n.strip() for n in variants.split(",") if n.strip()], baseline)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    sweep = rho_variants(baseline, _floats(rho_sweep)) if rho_sweep else []
+
+    if use_ctxs:
+        passages_for = lambda i: [p.as_document() for p in chosen[i].passages[:k]]  # noqa: E731
+    else:
+        from ..eval.retrieval import retrieve_documents
+
+        retrieved = retrieve_documents(examples, chosen, k)
+        passages_for = lambda i: list(retrieved[i])  # noqa: E731
+    template_text = TEMPLATE
+    if template:
+        template_text = Path(template).read_text() if Path(template).is_file() else template
+        if "{documents}" not in template_text or "{question}" not in template_text:
+            raise typer.BadParameter("the template needs {documents} and {question}")
+    settings = dict(
+        data=str(path.name),
+        questions=len(chosen),
+        k=k,
+        retrieval="ctxs" if use_ctxs else "faiss",
+        seed=seed,
+        model=engine.name,
+        dtype=str(engine.dtype),
+        repair=str(baseline.repair),
+        exactness=str(baseline.exactness),
+        sweep_questions=min(sweep_limit, len(chosen)),
+        max_new_tokens=max_new_tokens,
+        chat=chat,
+    )
+    report = run_eval(
+        engine,
+        chosen,
+        passages_for,
+        chosen_variants,
+        sweep=sweep,
+        sweep_questions=sweep_limit,
+        seed=seed,
+        template=template_text,
+        chat=chat,
+        max_new_tokens=max_new_tokens,
+        progress=lambda it: tqdm(it, desc=f"eval k={k}", unit="q"),
+        settings=settings,
+    )
+    typer.echo(format_table(report))
+    paths = write(report, out, f"eval_k{k}_n{len(chosen)}")
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -1,0 +1,143 @@
+"""The decode loop, as small steps: exactness, sampling, text and stops, the next forward pass.
+
+After the prefill, each step first asks the exactness policy whether the answer should go on
+from exact KV (`ExactnessConfig`): with `refresh` from the second token, and before any
+near-tie is taken on moved KV. An observer sees every step, so evaluations and tests watch the
+loop through a public seam instead of patching it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..hf.cache import forward_last_logits, make_cache
+from .request import Request
+from .sampling import sample_token
+from .stops import find_stop, held_back
+
+
+class DecodeObserver:
+    """Hooks on the decode steps; each does nothing unless overridden."""
+
+    def on_prefill(self, request: Request) -> None:
+        """The prompt is prefilled: `request.plan`, `.logits` and `.cache` are set."""
+
+    def on_exact(self, request: Request) -> None:
+        """The answer goes on from exact KV from `request.exact_from` on."""
+
+    def on_token(self, request: Request, token: int) -> None:
+        """`token` was sampled from `request.logits` (before it is checked for a stop)."""
+
+
+class Decoder:
+    """Runs the decode loop of requests on one model; forward passes take the model lock."""
+
+    def __init__(self, model: Any, tokenizer: Any, model_lock: threading.Lock, stop_ids: set[int]) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_lock = model_lock
+        self.stop_ids = stop_ids
+        self.device = next(model.parameters()).device
+
+    def run(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[str]:
+        """Text deltas until an end-of-sequence token, a stop string, `max_new` tokens or the
+        deadline; `request.finish` says which."""
+        observer.on_prefill(request)
+        params = request.params
+        generator = params.generator(request.logits.device)
+        mark = time.perf_counter()
+        while True:
+            if self.needs_exact(request):
+                self.go_exact(request)
+                observer.on_exact(request)
+                mark = time.perf_counter()
+            token = sample_token(request.logits, params, generator)
+            observer.on_token(request, token)
+            if not request.generated:  # the first token: an end-of-sequence one breaks out below
+                request.timings.sample_s = time.perf_counter() - mark
+                request.ttft_s = time.perf_counter() - request.started
+            if token in self.stop_ids:
+                request.finish = "eos"
+                break
+            request.generated.append(token)
+            delta = self.take_text(request)
+            if request.finish == "stop":
+                break
+            if delta:
+                yield delta
+            if len(request.generated) >= max_new:
+                break
+            if time.perf_counter() > request.deadline:
+                request.finish = "timeout"
+                break
+            if not request.exact and request.exactness.refresh:
+                continue  # the next token comes from exact KV: a step on moved KV would be wasted
+            self.step(request, token)
+        if len(request.text) > request.emitted:
+            yield request.text[request.emitted :]
+            request.emitted = len(request.text)
+
+    def needs_exact(self, request: Request) -> bool:
+        """Whether the next token must come from exact KV (the exactness policy)."""
+        if request.exact:
+            return False
+        policy = request.exactness
+        if policy.refresh and request.generated:
+            return True
+        return bool(policy.verify_margin) and policy.lead(request.logits) < policy.verify_margin
+
+    def go_exact(self, request: Request) -> None:
+        """Recompute the prompt and the answer so far as full prefill would, and go on from there."""
+        started = time.perf_counter()
+        request.cache, request.slot_positions, request.logits = self.exact_prefill(request.tokens, request.generated)
+        request.exact, request.exact_end, request.exact_from = True, len(request.tokens), len(request.generated)
+        spent = time.perf_counter() - started
+        request.refresh_s += spent
+        if not request.generated:
+            request.timings.verify_s = spent
+            if request.return_first_logits:
+                request.first_logits = request.logits.cpu()
+
+    def take_text(self, request: Request) -> str:
+        """The newly safe text after the last token; sets finish "stop" at a stop string."""
+        stops = request.params.stop
+        text = self.tokenizer.decode(request.generated, skip_special_tokens=True)
+        longest = max((len(s) for s in stops), default=0)
+        cut = find_stop(text, stops, max(0, request.emitted - longest))
+        if cut is not None:
+            request.text, request.finish = text[:cut], "stop"
+            return ""
+        request.text = text
+        safe = len(text) - held_back(text, stops)
+        if safe <= request.emitted:
+            return ""
+        delta, request.emitted = text[request.emitted : safe], safe
+        return delta
+
+    def step(self, request: Request, token: int) -> None:
+        """One forward pass of the last token, over the request's cache."""
+        position = torch.tensor([request.next_position - 1], device=self.device)
+        with self.model_lock:
+            request.logits = forward_last_logits(
+                self.model, torch.tensor([token], device=self.device), position, request.cache
+            )
+
+    def exact_prefill(self, tokens: np.ndarray, generated: list[int]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The cache and next-token logits full prefill would have after `generated`: the same
+        prefill, then the same one-token steps, so a token it agrees on is full prefill's to the bit.
+        Returns the cache, the slot positions of the prompt and the logits."""
+        # NOTE: this recomputes from position 0, exact head included: simple, and the head of a RAG
+        # prompt is short.
+        cache, positions = make_cache(), torch.arange(len(tokens), device=self.device)
+        with self.model_lock:
+            logits = forward_last_logits(self.model, torch.from_numpy(tokens).to(self.device), positions, cache)
+            for i, token in enumerate(generated):
+                position = torch.tensor([len(tokens) + i], device=self.device)
+                logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)
+        return cache, positions, logits

@@ -1,0 +1,166 @@
+"""Prefill of one prompt from its reuse plan: assemble the cached KV, repair it, compute the rest.
+
+Three strategies share the assembly, chosen from a table by the repair's name: `none` (cached
+KV first, then one pass over the uncached tokens with an exact position mask), `boundary` (the
+plan with run starts computed, then the same pass) and `cacheblend` (every token through the
+first layers, then only the selected ones).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import RepairConfig
+from ..hf.blend import SelectiveCache, selective_forward
+from ..hf.cache import forward_last_logits, make_cache
+from ..ops.attention import position_mask
+from ..ops.rope import rerotate_keys
+from ..ops.selection import blend_candidates, select_for_recompute
+from ..plan.matching import ReusePlan, Segment
+from ..plan.repair import boundary_positions, with_recomputed
+from .result import StageTimings
+
+
+@dataclass(slots=True)
+class Prefill:
+    """A prompt's cache after prefill, its last logits, and each cache slot's position."""
+
+    cache: Any
+    logits: torch.Tensor
+    slot_positions: torch.Tensor
+    repair_tokens: int = 0
+
+
+class PrefillRunner:
+    """Runs prefills on one model; forward passes take the shared model lock."""
+
+    def __init__(self, model: Any, rotary: Any | None, model_lock: threading.Lock) -> None:
+        self.model = model
+        self.rotary = rotary  # None: reuse off, nothing is moved or repaired
+        self.model_lock = model_lock
+        first_param = next(model.parameters())
+        self.device, self.dtype = first_param.device, first_param.dtype
+
+    def run(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
+        """Assemble the cached KV at its new positions, repair it, compute every other token."""
+        moved = plan.tokens("approximate")
+        if moved and moved / len(tokens) >= repair.min_reused_share and self.rotary is not None:
+            strategy = self.strategies[repair.strategy]
+            return strategy(self, tokens, plan, timings, repair)
+        return self._plain(tokens, plan, timings)
+
+    def assemble(
+        self, plan: ReusePlan, in_position_order: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Cached K/V [L, H, n, D] of the plan's reused segments, keys moved to their new
+        positions, and those positions.
+
+        Slots follow the segments (n = cached tokens), or with `in_position_order` the prompt's
+        positions (n = prompt tokens), where the slots of uncached tokens are left unwritten for
+        the caller to fill.
+        """
+        cached = [s for s in plan.segments if s.kind != "computed"]
+        dense = {id(s.entry): s.entry.dense_kv() for s in cached}  # dequantized once per entry
+        some_keys = dense[id(cached[0].entry)][0]
+        layers, heads, _, head_dim = some_keys.shape
+        slots = plan.segments[-1].end if in_position_order else sum(len(s) for s in cached)
+        keys = some_keys.new_empty(layers, heads, slots, head_dim, device=self.device)
+        values = torch.empty_like(keys)
+        deltas = torch.zeros(slots, dtype=torch.long, device=self.device)
+        slot = 0
+        for s in cached:
+            start = s.start if in_position_order else slot
+            end, source = start + len(s), s.entry.base_position + s.offset
+            entry_keys, entry_values = dense[id(s.entry)]
+            keys[:, :, start:end] = entry_keys[:, :, s.offset : s.offset + len(s)]
+            values[:, :, start:end] = entry_values[:, :, s.offset : s.offset + len(s)]
+            deltas[start:end] = s.start - source
+            slot = end
+        if self.rotary is not None:
+            rerotate_keys(keys, deltas, self.rotary, in_place=True)
+        return keys, values, _positions(cached, self.device)
+
+    def _plain(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings) -> Prefill:
+        """Cached KV first in the cache, then one pass over the uncached tokens at their true
+        positions. Slots stay cached-first: decoding attends to every slot whatever its order,
+        so no reordering is paid before the first token."""
+        mark = time.perf_counter()
+        query_positions = _positions([s for s in plan.segments if s.kind == "computed"], self.device)
+        mask = None
+        if any(s.kind != "computed" for s in plan.segments):
+            keys, values, cached_positions = self.assemble(plan)
+            cache = make_cache(keys, values)
+            slot_positions = torch.cat([cached_positions, query_positions])
+            if cached_positions[-1] > query_positions[0]:  # interleaved: the plain causal mask would be wrong
+                mask = position_mask(query_positions, slot_positions, self.dtype)
+        else:
+            cache, slot_positions = make_cache(), query_positions
+        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
+
+        ids = torch.from_numpy(tokens).to(self.device)[query_positions]
+        with self.model_lock:
+            logits = forward_last_logits(self.model, ids, query_positions, cache, mask)
+        timings.prefill_s = time.perf_counter() - mark
+        return Prefill(cache, logits, slot_positions)
+
+    def _none(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
+        return self._plain(tokens, plan, timings)
+
+    def _boundary(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
+        """EPIC's LegoLink: the first tokens of every moved run computed with the uncached ones."""
+        recompute = boundary_positions(plan, repair.boundary_tokens, repair.tail_tokens)
+        prefill = self._plain(tokens, with_recomputed(plan, recompute), timings)
+        prefill.repair_tokens = len(recompute)
+        # NOTE: one pass computes repaired and uncached tokens together; repair_s is the share of
+        # that pass's time that its tokens take, and prefill_s the rest.
+        timings.repair_s = timings.prefill_s * len(recompute) / (plan.tokens("computed") + len(recompute))
+        timings.prefill_s -= timings.repair_s
+        return prefill
+
+    def _blend(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
+        """CacheBlend: every token through layers 0..check_layer, then only the selected ones."""
+        mark = time.perf_counter()
+        n = len(tokens)
+        # NOTE: the slots of uncached tokens stay unwritten: they are always selected, so every
+        # layer writes them before attention reads them.
+        mixed_keys, mixed_values, _ = self.assemble(plan, in_position_order=True)
+        layers = mixed_keys.shape[0]
+        moved, forced = blend_candidates(plan, self.device)
+        if repair.blend_boundary_tokens:
+            forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
+        use_values = repair.deviation == "value"
+
+        def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
+            fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
+            return select_for_recompute(fresh, cached, moved, forced, repair.rho)
+
+        check_layer = min(repair.check_layer, layers - 1)
+        cache = SelectiveCache(mixed_keys, mixed_values, check_layer, select, repair.narrow_check_layer)
+        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
+        with self.model_lock:
+            logits = selective_forward(self.model, torch.from_numpy(tokens).to(self.device), cache)
+        done = time.perf_counter()
+        timings.repair_s, timings.prefill_s = cache.selected_at - mark, done - cache.selected_at
+        assert cache.selected is not None
+        prefill = Prefill(make_cache(mixed_keys, mixed_values), logits, torch.arange(n, device=self.device))
+        prefill.repair_tokens = int(moved[cache.selected].sum())
+        return prefill
+
+
+def _positions(segments: Sequence[Segment], device: torch.device) -> torch.Tensor:
+    return torch.cat([torch.arange(s.start, s.end, device=device) for s in segments])
+
+
+Strategy = Callable[[PrefillRunner, np.ndarray, ReusePlan, StageTimings, RepairConfig], Prefill]
+PrefillRunner.strategies: dict[str, Strategy] = {
+    "none": PrefillRunner._none,
+    "boundary": PrefillRunner._boundary,
+    "cacheblend": PrefillRunner._blend,
+}

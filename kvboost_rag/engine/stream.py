@@ -1,0 +1,28 @@
+"""The iterator `KVBoostRAG.stream` returns: text deltas, then the result."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .result import GenerationResult
+
+
+class GenerationStream(Iterator[str]):
+    """Text deltas as each token is produced; `.result` is set once the stream is exhausted."""
+
+    def __init__(self, steps: Iterator[str]) -> None:
+        self._steps = steps
+        self.result: GenerationResult | None = None
+
+    def __next__(self) -> str:
+        try:
+            return next(self._steps)
+        except StopIteration as done:
+            self.result = done.value
+            raise
+
+    def close(self) -> None:
+        """Stop generating after the current token (a client went away)."""
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,136 @@
+"""Warming: encode each document alone, in one pass, and store it chunk by chunk."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import EngineConfig
+from ..hf.cache import forward_last_logits, make_cache, stacked_kv
+from ..hf.model import model_shape
+from ..ops.quantization import QuantizedTensor, quantize_keys, quantize_values
+from ..plan.keys import Fingerprint, chained_prefix_hashes, content_hash, document_hash
+from ..store.entry import ChunkEntry, DocumentRecord, value_norm
+from ..store.memory import ChunkStore
+from .result import WarmReport
+
+Boundaries = Callable[[np.ndarray], list[int]]
+
+
+class Warmer:
+    """Warms documents into one store with one model; forward passes take the model lock."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: EngineConfig,
+        store: ChunkStore,
+        fingerprint: Fingerprint,
+        document_fingerprint: Fingerprint,
+        boundaries: Boundaries,
+        model_lock: threading.Lock,
+        max_context: int,
+    ) -> None:
+        self.model, self.tokenizer, self.config, self.store = model, tokenizer, config, store
+        self.fingerprint, self.document_fingerprint = fingerprint, document_fingerprint
+        self.boundaries = boundaries
+        self.model_lock = model_lock
+        self.max_context = max_context
+        first_param = next(model.parameters())
+        self.device, self.dtype = first_param.device, first_param.dtype
+        prefix = config.warm_prefix
+        self.prefix_tokens = np.asarray(tokenizer(prefix).input_ids if prefix else [], dtype=np.int64)
+        self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._prefix_lock = threading.Lock()
+
+    def warm(self, documents: str | Iterable[str], *, pin: bool = False) -> WarmReport:
+        """A document already warm is skipped without any model work. `pin` keeps its chunks in
+        memory whatever the budget asks."""
+        started = time.perf_counter()
+        texts = [documents] if isinstance(documents, str) else list(documents)
+        tokenized = [self.document_tokens(i, text) for i, text in enumerate(texts)]
+        report = WarmReport(documents=len(texts))
+        for tokens in tokenized:
+            doc_key = document_hash(self.document_fingerprint, tokens)
+            if self.store.has_document(doc_key):
+                report.skipped_documents += 1
+            else:
+                report.chunks_stored += self.encode_document(doc_key, tokens)
+                report.tokens_encoded += len(tokens)
+            if pin:
+                self.store.pin_document(doc_key)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def document_tokens(self, index: int, text: Any) -> np.ndarray:
+        if not isinstance(text, str):
+            raise TypeError(f"document {index} is a {type(text).__name__}, expected str")
+        tokens = np.asarray(self.tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int64)
+        if len(tokens) == 0:
+            raise ValueError(f"document {index} is empty")
+        if len(tokens) > self.max_context:
+            raise ValueError(
+                f"document {index} has {len(tokens)} tokens, over the context window of {self.max_context}"
+            )
+        return tokens
+
+    def encode_document(self, doc_key: bytes, tokens: np.ndarray) -> int:
+        """One pass over the document after the warm prefix; the prefix's own KV is not kept."""
+        prefix_keys, prefix_values = self.prefix_kv()
+        start = prefix_keys.shape[2]
+        cache = make_cache(prefix_keys, prefix_values)
+        ids = torch.from_numpy(tokens).to(self.device)
+        with self.model_lock:
+            forward_last_logits(self.model, ids, torch.arange(start, start + len(tokens), device=self.device), cache)
+        keys, values = stacked_kv(cache)
+        boundaries = self.boundaries(tokens)
+        # NOTE: after a warm prefix the chunks' context is not the document alone, so they are
+        # APPROXIMATE candidates only; without one, a prompt starting with the document hits EXACT.
+        prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries) if start == 0 else None
+        fingerprint = self.document_fingerprint
+        spans = list(zip(boundaries[:-1], boundaries[1:]))
+        contents = [content_hash(fingerprint, tokens[s:e]) for s, e in spans]
+        stored = 0
+        for i, (chunk_start, chunk_end) in enumerate(spans):
+            kv_slice = slice(start + chunk_start, start + chunk_end)
+            entry = ChunkEntry(
+                tokens=tokens[chunk_start:chunk_end].copy(),
+                keys=self._kept(keys[:, :, kv_slice], quantize_keys),
+                values=self._kept(values[:, :, kv_slice], quantize_values),
+                base_position=start + chunk_start,
+                fingerprint=fingerprint,
+                content_hash=contents[i],
+                prefix_hash=prefixes[i] if prefixes else None,
+                next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
+                importance=value_norm(values[:, :, kv_slice]),
+            )
+            stored += self.store.put(entry)
+        self.store.add_document(DocumentRecord(doc_key, fingerprint, tuple(contents), len(tokens)))
+        return stored
+
+    def _kept(self, kv: torch.Tensor, quantizer: Any) -> torch.Tensor | QuantizedTensor:
+        """A chunk's slice as kept: quantized, or cloned so it does not pin its whole document."""
+        kind = self.config.kv_quantization
+        return quantizer(kv, kind) if kind else kv.clone()
+
+    def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV of the warm prefix, computed once."""
+        with self._prefix_lock:
+            if self._prefix_kv is None:
+                cache = make_cache()
+                if len(self.prefix_tokens):
+                    ids = torch.from_numpy(self.prefix_tokens).to(self.device)
+                    with self.model_lock:
+                        forward_last_logits(self.model, ids, torch.arange(len(ids), device=self.device), cache)
+                    self._prefix_kv = stacked_kv(cache)
+                else:
+                    layers, heads, head_dim = model_shape(self.model)
+                    empty = torch.empty(layers, heads, 0, head_dim, dtype=self.dtype, device=self.device)
+                    self._prefix_kv = (empty, empty)
+            return self._prefix_kv

@@ -1,0 +1,177 @@
+"""What every script in benchmarks/ shares: its arguments, the engine, NQ prompts, JSON out.
+
+A benchmark states its question and its measurement; loading the model, drawing questions,
+retrieving and warming their documents, the prompt and the record of where and how it ran
+are the same everywhere, so they live here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..engine import KVBoostRAG, WarmReport
+from ..engine.prefill import PrefillRunner
+from ..hf.loader import native_cpu_bf16
+from ..hf.model import rotary_module
+from ..plan.matching import ReusePlan
+from .data import QAExample, load_qa
+from .prompt import rag_messages
+from .retrieval import retrieve_documents, sample_nq
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+EVAL_QUESTIONS = 500  # the eval's sample (seed 0): studies that choose a setting draw outside it
+
+
+def parser(
+    doc: str | None, *, questions: int, k: int | list[int], seed: int, out: str, max_new_tokens: int | None = None
+) -> argparse.ArgumentParser:
+    """The shared options with a script's defaults. `out` is a name under benchmarks/results and
+    may hold `{k}`; `k` as a list takes one or more values; `max_new_tokens=None` leaves the
+    option out, for scripts that only prefill. --dtype defaults to the engine's choice
+    (bfloat16 on CUDA and CPUs with native bf16, float32 elsewhere, where bf16 is emulated)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--questions", type=int, default=questions, help="NQ-Open questions")
+    many = isinstance(k, list)
+    p.add_argument("--k", type=int, nargs="+" if many else None, default=k, help="retrieved passages per prompt")
+    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: the engine's for this machine)")
+    p.add_argument("--model", default=None, help="HF name, folder or GGUF file (default: the embedded model)")
+    p.add_argument("--seed", type=int, default=seed, help="draws the questions and shuffles their documents")
+    p.add_argument("--out", type=Path, default=None, help=f"JSON path (default: benchmarks/results/{out})")
+    if max_new_tokens is not None:
+        p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="answer length limit")
+    p.set_defaults(out_name=out)
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """Parsed arguments, with `out` resolved from the script's default name where not given."""
+    args = p.parse_args(argv)
+    if args.out is None:
+        first_k = args.k[0] if isinstance(args.k, list) else args.k
+        args.out = RESULTS / args.out_name.format(k=first_k)
+    del args.out_name
+    return args
+
+
+def load_engine(args: argparse.Namespace, **options: Any) -> KVBoostRAG:
+    """The engine a benchmark measures: chunks in memory only, so a run never fills or reads
+    the user's persistent store. `options` are `EngineConfig` fields (and `dtype`)."""
+    options.setdefault("dtype", args.dtype)
+    return KVBoostRAG.from_pretrained(args.model, store="memory", **options)
+
+
+@dataclass(slots=True)
+class NQSample:
+    """Questions and their retrieved documents (best first); prompts shuffle them as the eval does."""
+
+    examples: list[QAExample]
+    documents: list[list[str]]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def passages_for(self, i: int, k: int | None = None) -> list[str]:
+        """Question i's top-k documents, a fresh list (callers shuffle it)."""
+        return list(self.documents[i][:k])
+
+    def prompt(self, i: int, seed: int, k: int | None = None) -> list[dict[str, str]]:
+        """Question i's chat prompt, its documents in the eval's order for (seed, i)."""
+        documents = self.passages_for(i, k)
+        random.Random(f"{seed}:{i}").shuffle(documents)
+        return rag_messages(self.examples[i].question, documents)
+
+    def all_documents(self, k: int | None = None) -> list[str]:
+        return list(dict.fromkeys(d for i in range(len(self)) for d in self.passages_for(i, k)))
+
+
+def draw_nq(count: int, k: int, seed: int, *, outside_eval: bool = False) -> NQSample:
+    """`count` NQ-Open questions with their top-k FAISS documents; `outside_eval` draws only
+    from questions the eval's 500 do not hold, so a setting is not chosen on its test set."""
+    if not outside_eval:
+        return NQSample(*sample_nq(count, k, seed))
+    examples = load_qa()
+    in_eval = {e.question for e in random.Random(0).sample(examples, EVAL_QUESTIONS)}
+    chosen = random.Random(seed).sample([e for e in examples if e.question not in in_eval], count)
+    return NQSample(chosen, retrieve_documents(examples, chosen, k))
+
+
+def warm(engine: KVBoostRAG, nq: NQSample, k: int | None = None) -> WarmReport:
+    """Warm every retrieved document once, then run one untimed answer (first-call costs)."""
+    report = engine.warm(nq.all_documents(k))
+    print(f"warmed {report.documents} passages, {report.tokens_encoded} tokens, in {report.seconds:.1f} s")
+    engine.generate("Warm-up.", max_new_tokens=1, mode="full")
+    return report
+
+
+def assemble_reused(
+    engine: KVBoostRAG, plan: ReusePlan, in_position_order: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A plan's cached K/V moved to their new positions, as the engine's prefill assembles them."""
+    return PrefillRunner(engine.model, rotary_module(engine.model), threading.Lock()).assemble(plan, in_position_order)
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "mean": statistics.fmean(values)}
+
+
+def run_info() -> dict[str, Any]:
+    """Where and how a result was measured: timings only compare within one machine and commit."""
+    flags = _cpuinfo("flags").split()
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "commit": _git_commit(),
+        "platform": platform.platform(),
+        "cpu": _cpuinfo("model name") or platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "avx512": "avx512f" in flags,
+        "native_bf16": native_cpu_bf16(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def write_json(path: Path, report: dict[str, Any], indent: int | None = 1) -> Path:
+    """The report with `run` (run_info) added, written to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**report, "run": run_info()}, indent=indent, ensure_ascii=False))
+    print(f"wrote {path}")
+    return path
+
+
+def _cpuinfo(field: str) -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":")[0].strip() == field), "")
+
+
+def _git_commit() -> str | None:
+    """HEAD's short hash, with "+dirty" when tracked files differ from it."""
+
+    def git(*command: str) -> str:
+        return subprocess.run(["git", *command], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None

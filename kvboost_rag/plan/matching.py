@@ -1,0 +1,199 @@
+"""Which prompt tokens come from the store, and how: the reuse plan of one request.
+
+The prompt's own tokens are the truth. EXACT: leading prompt chunks whose chained prefix hash is
+stored (identical tokens and context, so identical KV). APPROXIMATE: any later run of at least
+`match_window` tokens identical to a stored chunk, found through window-key lookups and extended
+token by token, so a document is found at any offset and in any order even when its edges were
+tokenized differently inside the prompt. Everything else is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+
+from ..config import Mode
+from .keys import ContentHash, Fingerprint, PrefixHash, WindowKey, chained_prefix_hashes, window_keys
+
+if TYPE_CHECKING:
+    from ..store.entry import ChunkEntry
+
+SegmentKind = Literal["exact", "approximate", "computed"]
+
+
+class ChunkLookup(Protocol):
+    """What matching asks of a store: index lookups only (the memory tier implements it)."""
+
+    match_window: int
+
+    def get_exact(self, key: PrefixHash) -> ChunkEntry | None: ...
+
+    def get_content(self, key: ContentHash) -> ChunkEntry | None: ...
+
+    def prefetch(self, keys: list[WindowKey]) -> None: ...
+
+    def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]: ...
+
+    def mark_used(self, entries: Iterable[ChunkEntry]) -> None: ...
+
+
+@dataclass(slots=True, frozen=True)
+class Segment:
+    """Prompt tokens [start, end); cached ones read entry tokens [offset, offset + len)."""
+
+    start: int
+    end: int
+    kind: SegmentKind
+    entry: ChunkEntry | None = None
+    offset: int = 0
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class ReusePlan:
+    segments: list[Segment]
+    prompt_chunks: int
+    exact_chunks: int
+    approximate_chunks: int
+
+    def tokens(self, kind: SegmentKind) -> int:
+        return sum(len(s) for s in self.segments if s.kind == kind)
+
+    @property
+    def missed_chunks(self) -> int:
+        return self.prompt_chunks - self.exact_chunks - self.approximate_chunks
+
+    @property
+    def exact_end(self) -> int:
+        """Tokens before this position have exactly the KV a full prefill would give."""
+        return next((s.start for s in self.segments if s.kind == "approximate"), self.segments[-1].end)
+
+
+def plan_reuse(
+    tokens: np.ndarray,
+    boundaries: Sequence[int],
+    store: ChunkLookup | None,
+    fingerprint: Fingerprint,
+    document_fingerprint: Fingerprint,
+    mode: Mode,
+) -> ReusePlan:
+    """The segments covering all of `tokens`; the last token is always computed (its logits)."""
+    n = len(tokens)
+    cached: list[Segment] = []
+    exact_chunks = 0
+    if mode != "full" and store is not None:
+        cached, exact_chunks = _exact_segments(tokens, boundaries, store, fingerprint)
+        if mode == "reuse":
+            start = cached[-1].end if cached else 0
+            cached += _approximate_segments(tokens, start, store, document_fingerprint)
+    cached = _leave_last_token(cached, n)
+    if store is not None:
+        store.mark_used(s.entry for s in cached if s.kind == "approximate" and s.entry is not None)
+    segments = _fill_gaps(cached, n)
+    # Approximate runs start at or after the last exact chunk's end, so no chunk counts twice.
+    approx_chunks = _chunks_touched(boundaries, [s for s in segments if s.kind == "approximate"])
+    return ReusePlan(segments, len(boundaries) - 1, exact_chunks, approx_chunks)
+
+
+def _exact_segments(
+    tokens: np.ndarray, boundaries: Sequence[int], store: ChunkLookup, fingerprint: Fingerprint
+) -> tuple[list[Segment], int]:
+    segments: list[Segment] = []
+    hashes = chained_prefix_hashes(fingerprint, tokens, boundaries)
+    for (start, end), key in zip(zip(boundaries[:-1], boundaries[1:]), hashes):
+        entry = store.get_exact(key)
+        # NOTE: the token comparison means a hash collision can never serve a wrong chunk.
+        if entry is None or entry.base_position != start or not np.array_equal(entry.tokens, tokens[start:end]):
+            break
+        segments.append(Segment(start, end, "exact", entry, 0))
+    return segments, len(segments)
+
+
+def _approximate_segments(tokens: np.ndarray, start: int, store: ChunkLookup, fingerprint: Fingerprint) -> list[Segment]:
+    window = store.match_window
+    if len(tokens) - start < window:
+        return []
+    keys = window_keys(fingerprint, tokens[start:], window)
+    store.prefetch(keys)
+    segments: list[Segment] = []
+    covered = start
+    i = start
+    while i - start < len(keys):
+        best: list[Segment] = []
+        for entry, offset in store.window_candidates(keys[i - start]):
+            run = _extend_match(tokens, i, entry, offset, covered, store)
+            if sum(map(len, run)) > sum(map(len, best)):
+                best = run
+        if best and sum(map(len, best)) >= window:
+            segments += best
+            covered = i = best[-1].end
+        else:
+            i += 1
+    return segments
+
+
+def _extend_match(
+    tokens: np.ndarray, position: int, entry: ChunkEntry, offset: int, floor: int, store: ChunkLookup
+) -> list[Segment]:
+    """The run of prompt tokens equal to the entry's around (position, offset), crossing into
+    the following chunks of the same document."""
+    back = 0
+    while (
+        position - back > floor and offset - back > 0 and tokens[position - back - 1] == entry.tokens[offset - back - 1]
+    ):
+        back += 1
+    run: list[Segment] = []
+    start, entry_offset = position - back, offset - back
+    current: ChunkEntry | None = entry
+    while current is not None and start < len(tokens):
+        length = _common_prefix(tokens[start:], current.tokens[entry_offset:])
+        if length == 0:
+            break
+        run.append(Segment(start, start + length, "approximate", current, entry_offset))
+        start += length
+        if entry_offset + length < len(current) or current.next_chunk is None:
+            break
+        current, entry_offset = store.get_content(current.next_chunk), 0
+    return run
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def _leave_last_token(cached: list[Segment], n: int) -> list[Segment]:
+    if not cached or cached[-1].end < n:
+        return cached
+    last = cached[-1]
+    if len(last) == 1:
+        return cached[:-1]
+    return cached[:-1] + [Segment(last.start, n - 1, last.kind, last.entry, last.offset)]
+
+
+def _fill_gaps(cached: list[Segment], n: int) -> list[Segment]:
+    segments: list[Segment] = []
+    position = 0
+    for segment in cached:
+        if segment.start > position:
+            segments.append(Segment(position, segment.start, "computed"))
+        segments.append(segment)
+        position = segment.end
+    if position < n:
+        segments.append(Segment(position, n, "computed"))
+    return segments
+
+
+def _chunks_touched(boundaries: Sequence[int], segments: list[Segment]) -> int:
+    touched = set()
+    for segment in segments:
+        first = int(np.searchsorted(boundaries, segment.start, side="right")) - 1
+        last = int(np.searchsorted(boundaries, segment.end - 1, side="right")) - 1
+        touched.update(range(first, last + 1))
+    return len(touched)

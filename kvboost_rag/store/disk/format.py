@@ -1,0 +1,105 @@
+"""The chunk file format: safetensors with the chunk's key and a checksum of its tensors.
+
+A file is written to a temporary name, flushed and renamed, so readers see the old file or the
+whole new one, never a part. A file that does not hold what the index names, or whose tensors do
+not match their checksum, is rejected on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from ...ops.quantization import QuantizedTensor
+from ..entry import KV, ChunkEntry
+
+FORMAT = "kvboost-rag-chunk-v1"
+
+
+def serialize(entry: ChunkEntry) -> bytes:
+    parts = _tensors_of("keys", entry.keys) | _tensors_of("values", entry.values)
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in parts.items()}
+    quantized = {
+        name: {"bits": kv.bits, "shape": list(kv.shape), "dtype": str(kv.dtype).removeprefix("torch.")}
+        for name, kv in (("keys", entry.keys), ("values", entry.values))
+        if isinstance(kv, QuantizedTensor)
+    }
+    metadata = {
+        "format": FORMAT,
+        "content_hash": entry.content_hash.hex(),
+        "quantized": json.dumps(quantized),
+        "checksum": _checksum(tensors),
+    }
+    return save_tensors(tensors, metadata=metadata)
+
+
+def deserialize(data: bytes, content: bytes) -> tuple[KV, KV]:
+    """Keys and values of the chunk `content`; ValueError when the bytes are not that chunk."""
+    try:
+        header_size = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8 : 8 + header_size]).get("__metadata__", {})
+        tensors = load_tensors(data)
+    except Exception as error:  # safetensors raises its own error types on a truncated file
+        raise ValueError(f"unreadable: {error}") from error
+    if metadata.get("format") != FORMAT or metadata.get("content_hash") != content.hex():
+        raise ValueError("not the chunk the index names")
+    if _checksum(tensors) != metadata.get("checksum"):
+        raise ValueError("checksum mismatch")
+    quantized = json.loads(metadata.get("quantized", "{}"))
+
+    def rebuild(name: str) -> KV:
+        if name not in quantized:
+            return tensors[name]
+        spec = quantized[name]
+        return QuantizedTensor(
+            tensors[f"{name}.codes"],
+            tensors[f"{name}.scale"],
+            tensors[f"{name}.zero"],
+            spec["bits"],
+            tuple(spec["shape"]),
+            getattr(torch, spec["dtype"]),
+        )
+
+    return rebuild("keys"), rebuild("values")
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(staging, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)  # readers see the old file or the whole new one, never a part
+    finally:
+        staging.unlink(missing_ok=True)  # a failed write (a full disk) leaves no partial file
+
+
+def to_device(kv: KV, device: torch.device) -> KV:
+    if isinstance(kv, QuantizedTensor):
+        return QuantizedTensor(
+            kv.codes.to(device), kv.scale.to(device), kv.zero.to(device), kv.bits, kv.shape, kv.dtype
+        )
+    return kv.to(device)
+
+
+def _tensors_of(name: str, kv: KV) -> dict[str, torch.Tensor]:
+    if isinstance(kv, QuantizedTensor):
+        return {f"{name}.codes": kv.codes, f"{name}.scale": kv.scale, f"{name}.zero": kv.zero}
+    return {name: kv}
+
+
+def _checksum(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,248 @@
+"""The disk tier's index: one SQLite database (WAL) that several processes read and write.
+
+Tables: `meta` (schema version, match window), `settings` (the key settings each model's
+documents were written with), `entries` (one row per chunk file), `windows` (window key ->
+chunk, the approximate-matching index) and `documents`. Every query is by index: nothing here
+scans the stored chunks on a request's path.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...plan.keys import ContentHash, Fingerprint, WindowKey
+from ..entry import DocumentRecord
+from ..settings import SCHEMA_VERSION, KeySettings
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS settings (
+    model BLOB NOT NULL, settings TEXT NOT NULL, PRIMARY KEY (model, settings));
+CREATE TABLE IF NOT EXISTS entries (
+    content_hash BLOB PRIMARY KEY, fingerprint BLOB NOT NULL, prefix_hash BLOB, base_position INTEGER NOT NULL,
+    next_chunk BLOB, tokens BLOB NOT NULL, nbytes INTEGER NOT NULL, importance REAL NOT NULL, file TEXT NOT NULL,
+    created REAL NOT NULL, last_access REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0,
+    pinned INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS entries_by_prefix ON entries(prefix_hash);
+CREATE TABLE IF NOT EXISTS windows (key BLOB NOT NULL, content_hash BLOB NOT NULL, offset INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS windows_by_key ON windows(key);
+CREATE TABLE IF NOT EXISTS documents (
+    doc_key BLOB PRIMARY KEY, fingerprint BLOB NOT NULL, chunks BLOB NOT NULL, tokens INTEGER NOT NULL,
+    created REAL NOT NULL);
+"""
+ENTRY_COLUMNS = "content_hash, fingerprint, prefix_hash, base_position, next_chunk, tokens, importance, file"
+HASH_BYTES = 32
+
+
+class StoreVersionError(ValueError):
+    """The store was written by a newer kvboost-rag, in a schema this one cannot read."""
+
+
+@dataclass(slots=True)
+class EntryRow:
+    content_hash: bytes
+    fingerprint: bytes
+    prefix_hash: bytes | None
+    base_position: int
+    next_chunk: bytes | None
+    tokens: bytes
+    importance: float
+    file: str
+
+
+@dataclass(slots=True)
+class ModelStats:
+    fingerprint: str
+    documents: int
+    chunks: int
+    bytes: int
+    pinned_chunks: int
+
+
+class DiskIndex:
+    """Thread-safe within a process (one connection behind a lock); SQLite serializes processes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, timeout=60, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        with self._db:
+            self._db.executescript(SCHEMA)
+            version = self.meta("schema_version")
+            if version is None:
+                # NOTE: a store from before the schema was recorded (v1) had the same tables and
+                # was always indexed with the default window of 16 tokens.
+                has_rows = self._db.execute("SELECT 1 FROM entries LIMIT 1").fetchone() is not None
+                self._set_meta("schema_version", str(SCHEMA_VERSION))
+                if has_rows:
+                    self._set_meta("match_window", "16")
+            elif int(version) > SCHEMA_VERSION:
+                raise StoreVersionError(
+                    f"{path} has schema {version}; this kvboost-rag reads up to {SCHEMA_VERSION}: upgrade it"
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # meta and settings -------------------------------------------------------------------
+    def meta(self, name: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return row[0] if row else None
+
+    def _set_meta(self, name: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
+
+    def claim_match_window(self, window: int) -> int:
+        """The store's window: the recorded one, or `window` recorded now for a new store."""
+        with self._lock, self._db:
+            recorded = self.meta("match_window")
+            if recorded is None:
+                self._set_meta("match_window", str(window))
+                return window
+            return int(recorded)
+
+    def recorded_settings(self, model: Fingerprint) -> list[KeySettings]:
+        with self._lock:
+            rows = self._db.execute("SELECT settings FROM settings WHERE model = ? ORDER BY rowid", (model,))
+            return [KeySettings.from_json(text) for (text,) in rows]
+
+    def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR IGNORE INTO settings (model, settings) VALUES (?, ?)", (model, settings.to_json()))
+
+    # entries -----------------------------------------------------------------------------
+    def contains(self, key: bytes) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM entries WHERE content_hash = ?", (key,)).fetchone() is not None
+
+    def entry(self, column: str, key: bytes) -> EntryRow | None:
+        """The row whose `column` (content_hash or prefix_hash) is `key`."""
+        assert column in ("content_hash", "prefix_hash")
+        with self._lock:
+            row = self._db.execute(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE {column} = ?", (key,)).fetchone()
+        return EntryRow(*row) if row else None
+
+    def insert(self, row: EntryRow, nbytes: int, windows: list[tuple[WindowKey, int]]) -> bool:
+        """Index a chunk file and its windows in one transaction; False when it was there."""
+        now = time.time()
+        with self._lock, self._db:
+            inserted = self._db.execute(
+                "INSERT OR IGNORE INTO entries (content_hash, fingerprint, prefix_hash, base_position, next_chunk, "
+                "tokens, nbytes, importance, file, created, last_access) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    row.content_hash,
+                    row.fingerprint,
+                    row.prefix_hash,
+                    row.base_position,
+                    row.next_chunk,
+                    row.tokens,
+                    nbytes,
+                    row.importance,
+                    row.file,
+                    now,
+                    now,
+                ),
+            ).rowcount
+            if inserted:
+                self._db.executemany(
+                    "INSERT INTO windows (key, content_hash, offset) VALUES (?,?,?)",
+                    [(key, row.content_hash, offset) for key, offset in windows],
+                )
+        return bool(inserted)
+
+    def delete(self, key: bytes) -> str | None:
+        """Unindex a chunk and its windows; the file it named, if any."""
+        with self._lock, self._db:
+            row = self._db.execute("SELECT file FROM entries WHERE content_hash = ?", (key,)).fetchone()
+            self._db.execute("DELETE FROM entries WHERE content_hash = ?", (key,))
+            self._db.execute("DELETE FROM windows WHERE content_hash = ?", (key,))
+        return row[0] if row else None
+
+    def window_hits(self, keys: Iterable[WindowKey]) -> list[ContentHash]:
+        """Chunks holding any of these windows: one indexed query per 500 keys."""
+        unique = list(dict.fromkeys(keys))
+        found: dict[bytes, None] = {}
+        with self._lock:
+            for i in range(0, len(unique), 500):
+                batch = unique[i : i + 500]
+                rows = self._db.execute(
+                    f"SELECT DISTINCT content_hash FROM windows WHERE key IN ({','.join('?' * len(batch))})", batch
+                )
+                found.update((row[0], None) for row in rows)
+        return [ContentHash(bytes(h)) for h in found]
+
+    def touch(self, keys: Iterable[bytes]) -> None:
+        with self._lock, self._db:
+            self._db.executemany(
+                "UPDATE entries SET last_access = ?, hits = hits + 1 WHERE content_hash = ?",
+                [(time.time(), key) for key in set(keys)],
+            )
+
+    # documents ---------------------------------------------------------------------------
+    def put_document(self, record: DocumentRecord) -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO documents (doc_key, fingerprint, chunks, tokens, created) VALUES (?,?,?,?,?)",
+                (record.doc_key, record.fingerprint, b"".join(record.chunks), record.tokens, time.time()),
+            )
+
+    def document_chunks(self, doc_key: bytes) -> list[bytes] | None:
+        with self._lock:
+            row = self._db.execute("SELECT chunks FROM documents WHERE doc_key = ?", (doc_key,)).fetchone()
+        if row is None:
+            return None
+        blob = row[0]
+        return [bytes(blob[i : i + HASH_BYTES]) for i in range(0, len(blob), HASH_BYTES)]
+
+    def count_present(self, chunks: list[bytes]) -> int:
+        unique = list(set(chunks))
+        with self._lock:
+            query = f"SELECT COUNT(*) FROM entries WHERE content_hash IN ({','.join('?' * len(unique))})"
+            return int(self._db.execute(query, unique).fetchone()[0])
+
+    def set_pinned(self, chunks: list[bytes], pinned: bool) -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                f"UPDATE entries SET pinned = ? WHERE content_hash IN ({','.join('?' * len(chunks))})",
+                [int(pinned), *chunks],
+            )
+
+    # maintenance -------------------------------------------------------------------------
+    def stats(self) -> list[ModelStats]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT e.fingerprint, COUNT(*), SUM(e.nbytes), SUM(e.pinned), "
+                "(SELECT COUNT(*) FROM documents d WHERE d.fingerprint = e.fingerprint) "
+                "FROM entries e GROUP BY e.fingerprint"
+            ).fetchall()
+        return [ModelStats(bytes(fp).hex()[:16], docs, chunks, size, pinned) for fp, chunks, size, pinned, docs in rows]
+
+    def total_bytes(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()[0])
+
+    def all_keys(self) -> list[bytes]:
+        with self._lock:
+            return [bytes(row[0]) for row in self._db.execute("SELECT content_hash FROM entries")]
+
+    def files(self) -> set[str]:
+        with self._lock:
+            return {row[0] for row in self._db.execute("SELECT file FROM entries")}
+
+    def eviction_order(self) -> list[tuple[bytes, int]]:
+        """Unpinned chunks, least recently used first, with their sizes."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT content_hash, nbytes FROM entries WHERE pinned = 0 ORDER BY last_access, hits"
+            ).fetchall()
+        return [(bytes(key), int(size)) for key, size in rows]
+

@@ -1,0 +1,194 @@
+"""The disk tier: one directory that several processes read and write at once.
+
+Layout: `index.sqlite` (see `index.py`) and one chunk file per chunk under `kv/` (see
+`format.py`). A chunk file is written whole and renamed before it is indexed; a document is
+recorded only after all its chunks. So a process killed at any point leaves nothing
+half-written that could be served, and rerunning a warm continues where it stopped. A file that
+fails its checksum on load is dropped with a warning and its document recomputed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
+from ..entry import ChunkEntry, DocumentRecord
+from ..settings import KeySettings
+from .format import deserialize, serialize, to_device, write_atomically
+from .index import DiskIndex, EntryRow, ModelStats
+
+INDEX_FILE = "index.sqlite"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    checked: int = 0
+    dropped: list[str] = field(default_factory=list)  # corrupted or missing files, unindexed
+    orphans_removed: int = 0  # files no index row points to (a write killed before indexing)
+
+
+class DiskStore:
+    """A `ChunkTier` on one directory. Thread-safe; SQLite serializes processes."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        match_window: int | None = None,
+        device: str | torch.device = "cpu",
+        budget_bytes: int | None = None,
+    ) -> None:
+        """`match_window` is recorded for a new store; None reads an existing store's (16 for a
+        new one)."""
+        self.root = Path(root).expanduser()
+        self.device = torch.device(device)
+        self.budget_bytes = budget_bytes  # enforced after each document, by prune
+        (self.root / "kv").mkdir(parents=True, exist_ok=True)
+        self.index = DiskIndex(self.root / INDEX_FILE)
+        self._recorded_window = self.index.meta("match_window")
+        self.window = self.index.claim_match_window(match_window or 16)
+        self._written_since_check = 0
+
+    def close(self) -> None:
+        self.index.close()
+
+    # how it was written ------------------------------------------------------------------
+    @property
+    def match_window(self) -> int | None:
+        return int(self._recorded_window) if self._recorded_window is not None else None
+
+    def recorded_settings(self, model: Fingerprint) -> list[KeySettings]:
+        return self.index.recorded_settings(model)
+
+    def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
+        self.index.record_settings(model, settings)
+
+    # chunks ------------------------------------------------------------------------------
+    def contains(self, key: ContentHash) -> bool:
+        return self.index.contains(key)
+
+    def get(self, key: ContentHash) -> ChunkEntry | None:
+        return self._load(self.index.entry("content_hash", key))
+
+    def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
+        return self._load(self.index.entry("prefix_hash", key))
+
+    def put(self, entry: ChunkEntry) -> bool:
+        """Persist a document chunk; False when it is there already."""
+        if self.index.contains(entry.content_hash):
+            return False
+        name = entry.content_hash.hex()
+        path = self.root / "kv" / name[:2] / f"{name}.safetensors"
+        data = serialize(entry)
+        write_atomically(path, data)
+        keys = window_keys(entry.fingerprint, entry.tokens, self.window)[:: self.window]
+        row = EntryRow(
+            entry.content_hash,
+            entry.fingerprint,
+            entry.prefix_hash,
+            entry.base_position,
+            entry.next_chunk,
+            entry.tokens.astype(np.int64).tobytes(),
+            float(entry.importance or 0.0),
+            str(path.relative_to(self.root)),
+        )
+        inserted = self.index.insert(row, len(data), [(key, i * self.window) for i, key in enumerate(keys)])
+        self._written_since_check += len(data) if inserted else 0
+        return inserted
+
+    def remove(self, key: ContentHash) -> None:
+        file = self.index.delete(key)
+        if file is not None:
+            (self.root / file).unlink(missing_ok=True)
+
+    # index and documents -----------------------------------------------------------------
+    def window_hits(self, keys: Iterable[WindowKey]) -> list[ContentHash]:
+        return self.index.window_hits(keys)
+
+    def touch(self, keys: Iterable[ContentHash]) -> None:
+        """Record use, for eviction (least recently used first)."""
+        self.index.touch(keys)
+
+    def put_document(self, record: DocumentRecord) -> None:
+        self.index.put_document(record)
+        if self.budget_bytes is not None and self._written_since_check >= self.budget_bytes // 20:
+            # NOTE: summing the index costs a scan, so it runs once per 5% of the budget written.
+            self._written_since_check = 0
+            if self.total_bytes() > self.budget_bytes:
+                self.prune(int(self.budget_bytes * 0.9))
+
+    def has_document(self, doc_key: bytes) -> bool:
+        chunks = self.index.document_chunks(doc_key)
+        return chunks is not None and self.index.count_present(chunks) == len(set(chunks))
+
+    def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
+        chunks = self.index.document_chunks(doc_key)
+        if chunks is None:
+            return False
+        self.index.set_pinned(chunks, pinned)
+        return True
+
+    # maintenance -------------------------------------------------------------------------
+    def stats(self) -> list[ModelStats]:
+        return self.index.stats()
+
+    def total_bytes(self) -> int:
+        return self.index.total_bytes()
+
+    def verify(self, orphan_age_s: float = 600.0) -> VerifyReport:
+        """Load every indexed chunk (checksums), drop the bad ones, and remove files no row points
+        to once they are `orphan_age_s` old (younger ones may be another process's write)."""
+        report = VerifyReport()
+        for key in self.index.all_keys():
+            report.checked += 1
+            if self.get(ContentHash(key)) is None:
+                report.dropped.append(key.hex())
+        indexed = self.index.files()
+        cutoff = time.time() - orphan_age_s
+        for path in (self.root / "kv").rglob("*"):
+            if path.is_file() and str(path.relative_to(self.root)) not in indexed and path.stat().st_mtime <= cutoff:
+                path.unlink(missing_ok=True)  # a temporary file or a write killed before indexing
+                report.orphans_removed += 1
+        return report
+
+    def prune(self, budget_bytes: int) -> int:
+        """Evict least recently used, unpinned chunks until the store fits the budget."""
+        evicted = 0
+        total = self.total_bytes()
+        for key, size in self.index.eviction_order():
+            if total <= budget_bytes:
+                break
+            self.remove(ContentHash(key))
+            total -= size
+            evicted += 1
+        return evicted
+
+    # internals ---------------------------------------------------------------------------
+    def _load(self, row: EntryRow | None) -> ChunkEntry | None:
+        if row is None:
+            return None
+        content = bytes(row.content_hash)
+        try:
+            keys, values = deserialize((self.root / row.file).read_bytes(), content)
+        except (OSError, ValueError) as error:
+            warnings.warn(f"dropping corrupted chunk {content.hex()[:16]} ({error}); it will be recomputed")
+            self.remove(ContentHash(content))
+            return None
+        return ChunkEntry(
+            tokens=np.frombuffer(row.tokens, dtype=np.int64).copy(),
+            keys=to_device(keys, self.device),
+            values=to_device(values, self.device),
+            base_position=row.base_position,
+            fingerprint=Fingerprint(bytes(row.fingerprint)),
+            content_hash=ContentHash(content),
+            prefix_hash=PrefixHash(bytes(row.prefix_hash)) if row.prefix_hash is not None else None,
+            next_chunk=ContentHash(bytes(row.next_chunk)) if row.next_chunk is not None else None,
+            importance=row.importance,
+        )

@@ -1,0 +1,65 @@
+"""One stored chunk: its tokens, its KV as computed at its base position, and its keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..ops.quantization import QuantizedTensor
+from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey
+
+KV = torch.Tensor | QuantizedTensor
+
+
+@dataclass(slots=True, eq=False)
+class ChunkEntry:
+    """One chunk's tokens and KV, as computed at positions base_position.."""
+
+    tokens: np.ndarray
+    keys: KV  # [layers, kv_heads, n, head_dim], post-RoPE; dense or KIVI-quantized
+    values: KV
+    base_position: int
+    fingerprint: Fingerprint  # the model, tokenizer, dtype, RoPE and storage settings that made it
+    content_hash: ContentHash
+    prefix_hash: PrefixHash | None
+    next_chunk: ContentHash | None = None  # the chunk after it in its document
+    approximate_ok: bool = True  # indexed for position-independent reuse
+    importance: float | None = None  # mean L2 norm of its value vectors; computed when None
+    window_keys: list[WindowKey] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if tuple(self.keys.shape) != tuple(self.values.shape) or self.keys.shape[2] != n:
+            raise ValueError(f"KV of shape {tuple(self.keys.shape)} does not hold {n} tokens")
+
+    def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values as tensors in the model's dtype."""
+        return dense(self.keys), dense(self.values)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes + self.tokens.nbytes
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(slots=True, frozen=True)
+class DocumentRecord:
+    """A warmed document: recorded once every one of its chunks is stored."""
+
+    doc_key: bytes
+    fingerprint: Fingerprint
+    chunks: tuple[ContentHash, ...]
+    tokens: int
+
+
+def dense(kv: KV) -> torch.Tensor:
+    return kv.dequantize() if isinstance(kv, QuantizedTensor) else kv
+
+
+def value_norm(values: torch.Tensor) -> float:
+    """Mean L2 norm of a chunk's value vectors [..., tokens, head_dim]: how much signal it carries."""
+    return float(values.float().norm(dim=-1).mean())

@@ -1,0 +1,239 @@
+"""The memory tier: chunk KV in this process, three indexes, eviction under a byte budget.
+
+Indexes: prefix hash -> entry (EXACT), content hash -> entry, and token-window keys -> (entry,
+offset) so a prompt is matched by index lookups, never by scanning stored documents. Entries are
+immutable once stored, so readers use them outside the lock. Eviction follows the keep score of
+`eviction.py` (recency, hits, importance), through a heap; pinned entries stay. Misses are looked
+up in the persistent tiers below (`tier.py`), in order, and document chunks are written through
+to all of them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
+from .entry import ChunkEntry, DocumentRecord, value_norm
+from .eviction import EvictionWeights, Usage, keep_score
+from .tier import ChunkTier
+
+
+@dataclass(slots=True)
+class StoreStats:
+    entries: int
+    bytes: int
+    documents: int
+    evictions: int
+    pinned: int
+
+
+class ChunkStore:
+    """Thread-safe; every public method takes the lock."""
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        match_window: int,
+        weights: EvictionWeights | None = None,
+        tiers: Sequence[ChunkTier] = (),
+    ) -> None:
+        self.budget_bytes = budget_bytes
+        self.tiers = list(tiers)  # persistent tiers below memory, in lookup order
+        self.match_window = match_window
+        self.weights = weights or EvictionWeights()
+        self._lock = threading.RLock()
+        self._entries: dict[int, ChunkEntry] = {}
+        self._usage: dict[int, Usage] = {}
+        self._heap: list[tuple[float, int]] = []  # (keep score, id); stale pairs are skipped
+        self._clock = 0
+        self._norm_total, self._norm_count = 0.0, 0
+        self._by_prefix: dict[PrefixHash, int] = {}
+        self._by_content: dict[ContentHash, int] = {}
+        self._by_window: dict[WindowKey, list[tuple[int, int]]] = {}
+        self._documents: dict[bytes, list[ContentHash]] = {}
+        self._next_id = 0
+        self._bytes = 0
+        self._evictions = 0
+
+    # lookups -----------------------------------------------------------------------------
+    def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
+        with self._lock:
+            found = self._touch(self._by_prefix.get(key))
+        if found is None:
+            found = next((hit for tier in self.tiers if (hit := tier.get_exact(key)) is not None), None)
+            if found is not None:
+                self._put_memory(found)
+        return found
+
+    def get_content(self, key: ContentHash) -> ChunkEntry | None:
+        with self._lock:
+            found = self._touch(self._by_content.get(key))
+        if found is None:
+            found = next((hit for tier in self.tiers if (hit := tier.get(key)) is not None), None)
+            if found is not None:
+                self._put_memory(found)
+        return found
+
+    def prefetch(self, keys: list[WindowKey]) -> None:
+        """Bring chunks holding any of these windows from the tiers into memory (one batched
+        query per tier)."""
+        if not self.tiers:
+            return
+        with self._lock:
+            missing = [key for key in keys if key not in self._by_window]
+        for tier in self.tiers:
+            for content in tier.window_hits(missing):
+                self.get_content(content)
+
+    def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]:
+        with self._lock:
+            return [(self._entries[i], offset) for i, offset in self._by_window.get(key, ())]
+
+    def mark_used(self, entries: Iterable[ChunkEntry]) -> None:
+        """Count a hit for entries a prompt reused (found through window candidates)."""
+        used = {e.content_hash: e for e in entries}
+        with self._lock:
+            for key in used:
+                self._touch(self._by_content.get(key))
+        if used:
+            for tier in self.tiers:
+                tier.touch(used)
+
+    def pin(self, key: ContentHash, pinned: bool = True) -> bool:
+        """Keep (or stop keeping) a chunk whatever the budget asks; False if it is not stored."""
+        with self._lock:
+            entry_id = self._by_content.get(key)
+            if entry_id is None:
+                return False
+            self._usage[entry_id].pinned = pinned
+            if not pinned:
+                self._evict_to(self.budget_bytes)
+            return True
+
+    def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
+        with self._lock:
+            chunks = self._documents.get(doc_key)
+            in_memory = chunks is not None and all(self.pin(chunk, pinned) for chunk in chunks)
+        in_tiers = [tier.pin_document(doc_key, pinned) for tier in self.tiers]
+        return in_memory or any(in_tiers)
+
+    def has_document(self, doc_key: bytes) -> bool:
+        """Whether every chunk of the document is stored, in memory or on disk."""
+        with self._lock:
+            chunks = self._documents.get(doc_key)
+            if chunks is not None and all(c in self._by_content for c in chunks):
+                return True
+        return any(tier.has_document(doc_key) for tier in self.tiers)
+
+    # writes ------------------------------------------------------------------------------
+    def put(self, entry: ChunkEntry) -> bool:
+        """Store an entry (document chunks in every tier too); False when it was there already or
+        fits nowhere."""
+        in_tiers = [tier.put(entry) for tier in self.tiers] if entry.approximate_ok else []
+        return self._put_memory(entry) or any(in_tiers)
+
+    def _put_memory(self, entry: ChunkEntry) -> bool:
+        with self._lock:
+            if entry.prefix_hash is not None and entry.prefix_hash in self._by_prefix:
+                self._touch(self._by_prefix[entry.prefix_hash])  # same chain, same KV
+                return False
+            if entry.approximate_ok and entry.content_hash in self._by_content:
+                if entry.prefix_hash is None:
+                    self._touch(self._by_content[entry.content_hash])
+                    return False
+                # NOTE: equal tokens after a different prefix have different KV: keep it for
+                # EXACT hits of its own chain only, never as an alias of the other entry.
+                entry = replace(entry, approximate_ok=False)
+            if entry.nbytes > self.budget_bytes:
+                return False
+            entry_id = self._next_id
+            self._next_id += 1
+            self._entries[entry_id] = entry
+            self._bytes += entry.nbytes
+            self._clock += 1
+            self._usage[entry_id] = Usage(self._clock, self._relative_importance(entry))
+            self._push(entry_id)
+            if entry.prefix_hash is not None:
+                self._by_prefix.setdefault(entry.prefix_hash, entry_id)
+            if entry.approximate_ok:
+                self._by_content[entry.content_hash] = entry_id
+                keys = window_keys(entry.fingerprint, entry.tokens, self.match_window)
+                entry.window_keys = keys[:: self.match_window]
+                for offset, key in zip(range(0, len(keys), self.match_window), entry.window_keys):
+                    self._by_window.setdefault(key, []).append((entry_id, offset))
+            self._evict_to(self.budget_bytes, keep=entry_id)
+            if self._bytes > self.budget_bytes:  # only pinned chunks are left to evict
+                self._remove(entry_id)
+                return False
+            return True
+
+    def add_document(self, record: DocumentRecord) -> None:
+        """Record a document once all its chunks are stored (in a tier: only then is it complete)."""
+        with self._lock:
+            self._documents[record.doc_key] = list(record.chunks)
+        for tier in self.tiers:
+            tier.put_document(record)
+
+    # bookkeeping -------------------------------------------------------------------------
+    def stats(self) -> StoreStats:
+        with self._lock:
+            pinned = sum(u.pinned for u in self._usage.values())
+            return StoreStats(len(self._entries), self._bytes, len(self._documents), self._evictions, pinned)
+
+    def __iter__(self) -> Iterator[ChunkEntry]:
+        with self._lock:
+            return iter(list(self._entries.values()))
+
+    def _relative_importance(self, entry: ChunkEntry) -> float:
+        norm = entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1])
+        self._norm_total += norm
+        self._norm_count += 1
+        return norm / (self._norm_total / self._norm_count) if self._norm_total > 0 else 1.0
+
+    def _touch(self, entry_id: int | None) -> ChunkEntry | None:
+        if entry_id is None:
+            return None
+        self._clock += 1
+        usage = self._usage[entry_id]
+        usage.last_access, usage.hits = self._clock, usage.hits + 1
+        self._push(entry_id)
+        return self._entries[entry_id]
+
+    def _push(self, entry_id: int) -> None:
+        heapq.heappush(self._heap, (keep_score(self._usage[entry_id], self.weights), entry_id))
+        if len(self._heap) > 4 * len(self._entries) + 64:  # drop stale pairs now and then
+            self._heap = [(keep_score(u, self.weights), i) for i, u in self._usage.items()]
+            heapq.heapify(self._heap)
+
+    def _evict_to(self, budget: int, keep: int | None = None) -> None:
+        held: list[tuple[float, int]] = []
+        while self._bytes > budget and self._heap:
+            score, entry_id = heapq.heappop(self._heap)
+            usage = self._usage.get(entry_id)
+            if usage is None or score != keep_score(usage, self.weights):
+                continue  # stale: evicted already, or re-scored since
+            if usage.pinned or entry_id == keep:
+                held.append((score, entry_id))
+                continue
+            self._remove(entry_id)
+            self._evictions += 1
+        for pair in held:
+            heapq.heappush(self._heap, pair)
+
+    def _remove(self, entry_id: int) -> None:
+        entry = self._entries.pop(entry_id)
+        del self._usage[entry_id]
+        self._bytes -= entry.nbytes
+        if entry.prefix_hash is not None and self._by_prefix.get(entry.prefix_hash) == entry_id:
+            del self._by_prefix[entry.prefix_hash]
+        if self._by_content.get(entry.content_hash) == entry_id:
+            del self._by_content[entry.content_hash]
+        for key in entry.window_keys:
+            postings = [p for p in self._by_window.get(key, ()) if p[0] != entry_id]
+            if postings:
+                self._by_window[key] = postings
+            else:
+                self._by_window.pop(key, None)

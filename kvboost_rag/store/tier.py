@@ -1,0 +1,56 @@
+"""The interface of a persistent tier below the memory tier (disk today; a remote store later).
+
+Small on purpose, after LMCache's storage backends: chunks by key (contains, get, put, remove,
+close), the window index that approximate matching looks up, and document records. The memory
+tier looks misses up in each tier in order and writes document chunks through to all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey
+from .entry import ChunkEntry, DocumentRecord
+from .settings import KeySettings
+
+
+class ChunkTier(Protocol):
+    # chunks ------------------------------------------------------------------------------
+    def contains(self, key: ContentHash) -> bool: ...
+
+    def get(self, key: ContentHash) -> ChunkEntry | None:
+        """The entry, or None when absent or unreadable (a bad entry is dropped, never served)."""
+
+    def get_exact(self, key: PrefixHash) -> ChunkEntry | None: ...
+
+    def put(self, entry: ChunkEntry) -> bool:
+        """Store an entry; False when it was there already."""
+
+    def remove(self, key: ContentHash) -> None: ...
+
+    def close(self) -> None: ...
+
+    # index and documents -----------------------------------------------------------------
+    def window_hits(self, keys: Iterable[WindowKey]) -> list[ContentHash]:
+        """Chunks holding any of these windows."""
+
+    def touch(self, keys: Iterable[ContentHash]) -> None:
+        """Record use, for the tier's own eviction."""
+
+    def put_document(self, record: DocumentRecord) -> None: ...
+
+    def has_document(self, doc_key: bytes) -> bool:
+        """Whether the document and every one of its chunks are stored."""
+
+    def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool: ...
+
+    # how the tier was written ------------------------------------------------------------
+    @property
+    def match_window(self) -> int | None:
+        """The window length its index was built with; None for a new tier."""
+
+    def recorded_settings(self, model: Fingerprint) -> list[KeySettings]:
+        """The key settings documents of this model were written with."""
+
+    def record_settings(self, model: Fingerprint, settings: KeySettings) -> None: ...

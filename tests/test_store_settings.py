@@ -1,0 +1,66 @@
+"""A store knows how it was written: an engine adopts its settings or names the difference."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kvboost_rag import KVBoostRAG, StoreSettingsError
+from kvboost_rag.store.disk.index import DiskIndex, StoreVersionError
+from kvboost_rag.store.settings import SCHEMA_VERSION
+
+
+def open_engine(model_dir: Path, store: Path, **options: object) -> KVBoostRAG:
+    return KVBoostRAG.from_pretrained(model_dir, dtype="float32", store=str(store), **options)
+
+
+def test_defaults_adopt_what_the_store_was_written_with(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    store = tmp_path / "store"
+    writer = open_engine(tiny_model_dir, store, chunk_size=64, kv_quantization="int8", warm_prefix="Doc:")
+    writer.warm(passages[:2])
+    reader = open_engine(tiny_model_dir, store)  # every setting left at its default
+    assert (reader.config.chunk_size, reader.config.kv_quantization, reader.config.warm_prefix) == (64, "int8", "Doc:")
+    assert reader.document_fingerprint == writer.document_fingerprint
+    assert reader.warm(passages[:2]).skipped_documents == 2, "the warmed documents are found, not rewarmed"
+    prompt = f"{passages[1]}\n\n{passages[0]}\n\nQuestion: which one?"
+    assert reader.generate(prompt, max_new_tokens=1, store_prompt=False).reused_approximate_tokens > 0
+
+
+def test_an_explicit_other_setting_is_an_error_naming_it(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    store = tmp_path / "store"
+    open_engine(tiny_model_dir, store, chunk_size=64).warm(passages[:1])
+    with pytest.raises(StoreSettingsError, match="chunk_size=64"):
+        open_engine(tiny_model_dir, store, chunk_size=32)
+    with pytest.raises(StoreSettingsError, match="match_window"):
+        open_engine(tiny_model_dir, store, match_window=8)
+    assert open_engine(tiny_model_dir, store, chunk_size=64).config.chunk_size == 64  # the same: fine
+
+
+def test_memory_only_is_an_explicit_choice(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("KVBOOST_RAG_CACHE_DIR", str(tmp_path / "cache"))
+    # the model folder is given, so nothing is converted into this cache dir; the store goes there
+    default = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32")
+    assert [Path(t.root) for t in default.store.tiers] == [tmp_path / "cache" / "chunks"]
+    memory = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", store="memory")
+    assert memory.store.tiers == []
+
+
+def test_unknown_options_are_named(tiny_model_dir: Path) -> None:
+    with pytest.raises(TypeError, match="'chunksize' \\(did you mean 'chunk_size'\\?\\)"):
+        KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", store="memory", chunksize=64)
+
+
+def test_the_index_records_its_schema_and_refuses_a_newer_one(tmp_path: Path) -> None:
+    index = DiskIndex(tmp_path / "index.sqlite")
+    assert index.meta("schema_version") == str(SCHEMA_VERSION)
+    index.close()
+    with sqlite3.connect(tmp_path / "index.sqlite") as db:
+        db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    with pytest.raises(StoreVersionError, match="upgrade"):
+        DiskIndex(tmp_path / "index.sqlite")

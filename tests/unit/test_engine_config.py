@@ -1,0 +1,114 @@
+"""EngineConfig: options by name, validation, and which fields a user chose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvboost_rag.config import EngineConfig, ExactnessConfig, RepairConfig, check_option_names, engine_option_names
+
+
+def test_from_options_builds_a_config() -> None:
+    config = EngineConfig.from_options(chunk_size=64, match_window=8, mode="prefix", kv_quantization="int4")
+    assert (config.chunk_size, config.match_window, config.mode, config.kv_quantization) == (64, 8, "prefix", "int4")
+    assert EngineConfig.from_options() == EngineConfig()
+
+
+def test_from_options_keeps_the_base_and_leaves_it_alone() -> None:
+    base = EngineConfig(chunk_size=64, store="memory")
+    config = EngineConfig.from_options(base, mode="full")
+    assert (config.chunk_size, config.store, config.mode) == (64, "memory", "full")
+    assert base.mode == "reuse"
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [("chunk_sise", "chunk_size"), ("matchwindow", "match_window"), ("kv_quantisation", "kv_quantization")],
+)
+def test_an_unknown_option_is_named_with_the_closest_known_one(name: str, hint: str) -> None:
+    with pytest.raises(TypeError) as error:
+        EngineConfig.from_options(**{name: 1})
+    message = str(error.value)
+    assert message.startswith("unknown engine option:")
+    assert repr(name) in message and f"did you mean {hint!r}?" in message
+
+
+def test_several_unknown_options_are_all_named() -> None:
+    with pytest.raises(TypeError, match=r"unknown engine options: 'modee' \(did you mean 'mode'\?\), 'zzzz'$"):
+        EngineConfig.from_options(zzzz=1, modee="full", chunk_size=64)
+
+
+def test_check_option_names_speaks_of_what_it_checks() -> None:
+    check_option_names({"chunk_size": 1}, engine_option_names())
+    with pytest.raises(TypeError, match="unknown server option: 'prot'"):
+        check_option_names({"prot": 1}, {"port", "host"}, what="server option")
+    assert {"chunk_size", "match_window", "store", "repair"} <= engine_option_names()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"chunk_size": 0}, "chunk_size"),
+        ({"chunk_size": 12.5}, "chunk_size"),
+        ({"chunking": "sentences"}, "chunking"),
+        ({"adaptive_slack": 128}, "adaptive_slack"),
+        ({"adaptive_slack": -1}, "adaptive_slack"),
+        ({"match_window": 0}, "match_window"),
+        ({"match_window": 129}, "match_window"),
+        ({"chunk_size": 16, "adaptive_slack": 4, "match_window": 17}, "match_window"),
+        ({"mode": "fast"}, "mode"),
+        ({"kv_quantization": "int2"}, "kv_quantization"),
+        ({"memory_budget_bytes": -1}, "memory_budget_bytes"),
+        ({"disk_budget_bytes": -1}, "disk_budget_bytes"),
+        ({"repair": "blend"}, "repair strategy"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_setting(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**options)
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_options(**options)
+
+
+def test_a_warm_prefix_must_be_text() -> None:
+    with pytest.raises(TypeError, match="warm_prefix"):
+        EngineConfig(warm_prefix=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"rho": 1.5}, {"rho": -0.1}, {"check_layer": -1}, {"deviation": "query"}, {"boundary_tokens": -1},
+     {"min_reused_share": 2.0}],
+)
+def test_bad_repair_values_are_refused(options: dict) -> None:
+    with pytest.raises(ValueError):
+        RepairConfig(**options)
+
+
+def test_bad_verify_margin_is_refused() -> None:
+    with pytest.raises(ValueError, match="verify_margin"):
+        ExactnessConfig(verify_margin=1.5)
+    assert ExactnessConfig.off() == ExactnessConfig(verify_margin=0.0, refresh=False)
+
+
+def test_values_are_normalized() -> None:
+    assert EngineConfig(repair="boundary").repair == RepairConfig(strategy="boundary")
+    assert EngineConfig.from_options(repair="none").repair.strategy == "none"
+    assert EngineConfig(store=Path("/tmp/x")).store == "/tmp/x"  # type: ignore[arg-type]
+    assert EngineConfig(store="memory").memory_only and not EngineConfig().memory_only
+
+
+def test_explicit_fields_are_those_off_their_defaults() -> None:
+    assert EngineConfig().explicit_fields() == set()
+    config = EngineConfig(chunk_size=64, mode="prefix", repair="boundary", store="/s")
+    assert config.explicit_fields() == {"chunk_size", "mode", "repair", "store"}
+    assert EngineConfig(chunk_size=128).explicit_fields() == set(), "a default value reads as not chosen"
+
+
+def test_repair_with_strategy_overrides() -> None:
+    repair = RepairConfig(rho=0.3)
+    assert repair.with_strategy(None) is repair
+    assert repair.with_strategy("boundary") == RepairConfig(strategy="boundary", rho=0.3)
+    whole = RepairConfig(strategy="none")
+    assert repair.with_strategy(whole) is whole
