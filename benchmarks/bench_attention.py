@@ -1,38 +1,29 @@
 """sdpa against the engine's few-queries attention path, on reuse passes: speed and accuracy.
 
-Both run the same prompts (NQ-Open, FAISS top-k, warmed passages); first-token agreement and KL
-are against full prefill (which runs sdpa either way). The engine's choice of attention for
+Both run the same prompts (NQ-Open, FAISS top-k, warmed passages); the time is wall clock of
+the prefill alone (tokenize to first-token logits, repair included); first-token agreement and
+KL are against full prefill (which runs sdpa either way). The engine's choice of attention for
 reuse passes rests on these numbers (README, "How it works", step 4).
+
+JSON: benchmarks/results/bench_attention.json (or --out).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.evaluation import first_token_kl
-from kvboost_rag.kv_cache import REUSE_ATTENTION
-from kvboost_rag.prompting import rag_messages
-from kvboost_rag.retrieval import sample_nq
+from kvboost_rag.eval import harness
+from kvboost_rag.hf.attention import REUSE_ATTENTION
+from kvboost_rag.ops.logits import kl_divergence
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--questions", type=int, default=100)
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_attention.json")
-    args = parser.parse_args()
-
-    chosen, retrieved = sample_nq(args.questions, args.k, seed=args.seed)
-    engine = KVBoostRAG.from_pretrained()
-    for documents in retrieved:
-        engine.warm(documents)
-    prompts = [rag_messages(q.question, list(docs)) for q, docs in zip(chosen, retrieved)]
+    args = harness.parse(harness.parser(__doc__, questions=100, k=10, seed=7, out="bench_attention.json"))
+    nq = harness.draw_nq(args.questions, args.k, args.seed)
+    engine = harness.load_engine(args)
+    harness.warm(engine, nq)
+    prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
     full = [engine.next_token_logits(p, mode="full")[0] for p in prompts]
 
     rows = []
@@ -46,7 +37,7 @@ def main() -> None:
                 logits, _ = engine.next_token_logits(prompt, mode="reuse", repair=repair)
                 seconds.append(time.perf_counter() - started)
                 agree += int(logits.argmax() == reference.argmax())
-                kl.append(first_token_kl(reference, logits))
+                kl.append(kl_divergence(reference, logits))
             row = {
                 "attention": attention,
                 "repair": repair,
@@ -60,7 +51,7 @@ def main() -> None:
                 f"{row['first_token_agreement']:14.1%} {row['first_token_kl_mean']:7.4f}"
             )
     settings = {"questions": args.questions, "k": args.k, "seed": args.seed, "dtype": str(engine.dtype)}
-    args.out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+    harness.write_json(args.out, {"settings": settings, "rows": rows})
 
 
 if __name__ == "__main__":

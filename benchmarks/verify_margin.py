@@ -8,67 +8,62 @@ answer is recomputed on exact KV, so where CacheBlend's tokens so far equal full
 answer becomes full prefill's ("known"); where they already differ, the continuation is unknown
 and counted as CacheBlend's answer. The questions are drawn from outside the eval's 500 (seed
 0), so the eval is not the set the margin was chosen on. Prints a table per margin and writes
-the records and the table as JSON.
+the records and the table as JSON; `--rows` simulates recorded answers again without a model.
+
+JSON: benchmarks/results/verify/verify_margin_k{k}.json (or --out).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 from pathlib import Path
 
 from tqdm import tqdm
 
-import kvboost_rag.engine as engine_module
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.config import RepairConfig
-from kvboost_rag.evaluation import DEFAULT_TEMPLATE, build_messages
-from kvboost_rag.metrics import best_subspan_em
-from kvboost_rag.qa_dataset import load_qa
-from kvboost_rag.retrieval import retrieve_documents
-from kvboost_rag.sampling import top_margin
+from kvboost_rag import DecodeObserver, ExactnessConfig
+from kvboost_rag.engine import Request
+from kvboost_rag.eval import harness
+from kvboost_rag.eval.metrics import best_subspan_em
+from kvboost_rag.eval.variants import Variant
 
 MARGINS = (0.0, 0.02, 0.05, 0.1, 0.2)
 REFRESHED_MARGINS = (0.0, 0.05)  # with `refresh`: every step after the first recomputed too
 
 
-def record_answers(questions: int, k: int, seed: int) -> list[dict]:
-    examples = load_qa()
-    in_eval = {e.question for e in random.Random(0).sample(examples, 500)}
-    chosen = random.Random(seed).sample([e for e in examples if e.question not in in_eval], questions)
-    retrieved = retrieve_documents(examples, chosen, k)
-    engine = KVBoostRAG.from_pretrained()
-    leads: list[float] = []
-    sample = engine_module.sample_token
+class LeadRecorder(DecodeObserver):
+    """The lead of every sampled token over its runner-up, as the exactness policy reads it."""
 
-    def sample_and_record(logits, params, generator):  # type: ignore[no-untyped-def]
-        leads.append(top_margin(logits))
-        return sample(logits, params, generator)
+    def __init__(self) -> None:
+        self.leads: list[float] = []
 
-    # NOTE: the engine's sampler is wrapped to see every step's logits; nothing else changes.
-    engine_module.sample_token = sample_and_record
+    def on_token(self, request: Request, token: int) -> None:
+        self.leads.append(request.exactness.lead(request.logits))
+
+
+def record_answers(args: argparse.Namespace) -> list[dict]:
+    """Full prefill's and CacheBlend's greedy answers (nothing verified) with every step's lead."""
+    nq = harness.draw_nq(args.questions, args.k, args.seed, outside_eval=True)
+    engine = harness.load_engine(args)
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
+    variants = [Variant("full", "full"), Variant("cacheblend", "reuse", engine.config.repair, ExactnessConfig.off())]
     rows = []
-    for i in tqdm(range(questions), unit="q"):
-        documents = list(retrieved[i])
-        engine.warm(documents)
-        random.Random(f"{seed}:{i}").shuffle(documents)
-        prompt = build_messages(chosen[i].question, documents, DEFAULT_TEMPLATE, chat=True)
+    for i in tqdm(range(len(nq)), unit="q"):
+        engine.warm(nq.passages_for(i))
+        prompt = nq.prompt(i, args.seed)
         row = {}
-        for name, mode, repair in (("full", "full", None), ("cacheblend", "reuse", RepairConfig().alone())):
-            leads.clear()
-            result = engine.generate(prompt, mode=mode, repair=repair, max_new_tokens=16, stop=["\n"], store_prompt=False)
-            row[name] = dict(
+        for variant in variants:
+            recorder = LeadRecorder()
+            result = harness.answer(engine, prompt, variant, args.max_new_tokens, observer=recorder)
+            row[variant.name] = dict(
                 ids=result.token_ids,
                 ttft_s=result.ttft_s,
                 total_s=result.total_s,
-                leads=list(leads),
-                em=best_subspan_em(result.text, chosen[i].answers),
+                leads=recorder.leads,
+                em=best_subspan_em(result.text, nq.examples[i].answers),
             )
         rows.append(row)
-    engine_module.sample_token = sample
     return rows
 
 
@@ -109,19 +104,16 @@ def simulate(rows: list[dict], margin: float, refresh: bool = False) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--questions", type=int, default=250)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--rows", type=Path, default=None, help="recorded answers to simulate again")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    out = args.out or Path(__file__).parent / "results" / "verify" / f"verify_margin_k{args.k}.json"
-    rows = json.loads(args.rows.read_text())["rows"] if args.rows else record_answers(args.questions, args.k, args.seed)
+    p = harness.parser(__doc__, questions=250, k=5, seed=11, out="verify/verify_margin_k{k}.json", max_new_tokens=16)
+    p.add_argument("--rows", type=Path, default=None, help="recorded answers (an earlier --out) to simulate again")
+    args = harness.parse(p)
+    rows = json.loads(args.rows.read_text())["rows"] if args.rows else record_answers(args)
     table = [simulate(rows, margin) for margin in MARGINS]
     table += [simulate(rows, margin, refresh=True) for margin in REFRESHED_MARGINS]
     print(f"k={args.k}, {len(rows)} questions outside the eval's")
-    print("margin         1st=full  answer=full  EM diff  1st verified  recomputed  unknown  TTFT med/mean  answer time")
+    print(
+        "margin         1st=full  answer=full  EM diff  1st verified  recomputed  unknown  TTFT med/mean  answer time"
+    )
     for t in table:
         label = f"{t['margin']:g}" + (" +refresh" if t["refresh"] else "")
         print(
@@ -130,9 +122,12 @@ def main() -> None:
             f"{t['recomputed_answer_share']:>9.0%}  {t['unknown_continuations']:>7}  "
             f"{t['ttft_median_ratio']:.2f}/{t['ttft_mean_ratio']:.2f}x  {t['answer_time_median_ratio']:>9.2f}x"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    settings = vars(args) | {"out": str(out), "rows": str(args.rows) if args.rows else None, "questions": len(rows)}
-    out.write_text(json.dumps({"settings": settings, "table": table, "rows": rows}))
+    settings = vars(args) | {
+        "out": str(args.out),
+        "rows": str(args.rows) if args.rows else None,
+        "questions": len(rows),
+    }
+    harness.write_json(args.out, {"settings": settings, "table": table, "rows": rows}, indent=None)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,21 @@
 """Where reused KV deviates from full prefill: by layer, by a token's offset in its document run,
 and by how far its document is from the question. Reuse without repair, NQ-Open top-k prompts.
 
-This is the evidence behind the repair defaults (README, "Repair").
+Documents in reverse retrieval order (the best next to the question). This is the evidence
+behind the repair defaults (README, "Repair").
+
+JSON: benchmarks/results/where_error_sits.json (or --out).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.kv_cache import forward_last_logits, make_cache, stacked_kv
-from kvboost_rag.matching import plan_reuse
-from kvboost_rag.prompting import rag_messages
-from kvboost_rag.repair import reused_runs
-from kvboost_rag.retrieval import sample_nq
+from kvboost_rag.eval import harness
+from kvboost_rag.eval.prompt import rag_messages
+from kvboost_rag.plan.repair import reused_runs
 
 OFFSET_BINS = [(0, 1), (1, 4), (4, 16), (16, 64), (64, 10_000)]
 
@@ -30,28 +27,22 @@ def relative(full: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--questions", type=int, default=30)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "where_error_sits.json")
-    args = parser.parse_args()
-    chosen, retrieved = sample_nq(args.questions, args.k, seed=2)
-    engine = KVBoostRAG.from_pretrained(dtype="float32")
+    p = harness.parser(__doc__, questions=30, k=5, seed=2, out="where_error_sits.json")
+    p.set_defaults(dtype="float32")
+    args = harness.parse(p)
+    nq = harness.draw_nq(args.questions, args.k, args.seed)
+    engine = harness.load_engine(args)
 
     by_layer: dict[str, list[torch.Tensor]] = defaultdict(list)
     by_offset: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     by_rank: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for example, passages in zip(chosen, retrieved):
-        documents = list(passages)
+    for i, example in enumerate(nq.examples):
+        documents = nq.passages_for(i)
         engine.warm(documents)
-        tokens = engine.tokenize_prompt(rag_messages(example.question, documents[::-1]))
-        plan = plan_reuse(
-            tokens, engine._boundaries(tokens), engine.store, engine.fingerprint, engine.document_fingerprint, "reuse"
-        )
-        keys, values, positions = engine._prefill.assemble(plan)
-        cache = make_cache()
-        forward_last_logits(engine.model, torch.from_numpy(tokens), torch.arange(len(tokens)), cache)
-        full_keys, full_values = stacked_kv(cache)
+        prompt = rag_messages(example.question, documents[::-1])
+        plan = engine.plan(prompt, mode="reuse")
+        keys, values, positions = harness.assemble_reused(engine, plan)
+        _, full_keys, full_values = harness.full_prefill_kv(engine, engine.tokenize_prompt(prompt))
         runs = reused_runs(plan)
         for name, full, reused in (("key", full_keys, keys), ("value", full_values, values)):
             deviation = relative(full[:, :, positions], reused)  # [L, n_cached]
@@ -69,6 +60,7 @@ def main() -> None:
     report = {
         "questions": args.questions,
         "k": args.k,
+        "dtype": str(engine.dtype),
         "by_layer": {n: torch.stack(v).mean(0).tolist() for n, v in by_layer.items()},
         "by_offset": {n: {b: sum(v) / len(v) for b, v in d.items()} for n, d in by_offset.items()},
         "by_document_rank": {n: {r: sum(v) / len(v) for r, v in sorted(d.items())} for n, d in by_rank.items()},
@@ -82,7 +74,7 @@ def main() -> None:
             "  by document rank (1 = next to the question):  "
             + "  ".join(f"{r}: {x:.3f}" for r, x in report["by_document_rank"][name].items())
         )
-    args.out.write_text(json.dumps(report, indent=1))
+    harness.write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,10 @@ from langchain_huggingface import HuggingFaceEmbeddings
 from langchain_kvboost import ChatKVBoost, KVBoostRetrievalWarmer, warm_documents
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.prompting import SYSTEM
-from kvboost_rag.retrieval import default_embedder_path
+from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
+from kvboost_rag.eval.retrieval import default_embedder_path
 
-PROMPT = ChatPromptTemplate.from_messages(
-    [("system", SYSTEM), ("human", "Documents:\n\n{context}\n\nQuestion: {question}\nAnswer:")]
-)
+PROMPT = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)])  # the eval's prompt
 
 
 def format_docs(documents: list[Document]) -> str:
@@ -37,7 +35,7 @@ def main() -> None:
     examples, questions = corpus_and_questions(args)
     documents = [Document(page_content=e.passages[0].as_document()) for e in examples]
     print("Loading the embedded default model and all-MiniLM-L6-v2 ...")
-    engine = KVBoostRAG.from_pretrained()
+    engine = KVBoostRAG.from_pretrained(store="memory")  # each run starts cold and leaves no files
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # sentence-transformers' own deprecations
         embeddings = HuggingFaceEmbeddings(
@@ -57,7 +55,7 @@ def main() -> None:
     retriever = vectorstore.as_retriever(search_kwargs={"k": args.k})
 
     def rag_chain(model: ChatKVBoost):  # the user's chain; only the model changes
-        return {"context": retriever | format_docs, "question": RunnablePassthrough()} | PROMPT | model
+        return {"documents": retriever | format_docs, "question": RunnablePassthrough()} | PROMPT | model
 
     full_chain = rag_chain(ChatKVBoost(engine=engine, mode="full", max_tokens=24, stop=["\n"]))
     kvboost_chain = rag_chain(ChatKVBoost(engine=engine, max_tokens=24, stop=["\n"]))
@@ -68,8 +66,18 @@ def main() -> None:
     for question in questions:
         full = full_chain.invoke(question)
         ours = kvboost_chain.invoke(question, config={"callbacks": callbacks})
-        meta = ours.response_metadata
-        rows.append(Row(question, full.response_metadata["ttft_s"], meta["ttft_s"], meta["reuse_share"], ours.content))
+        full_meta, meta = full.response_metadata, ours.response_metadata
+        rows.append(
+            Row(
+                question,
+                full_meta["ttft_s"],
+                meta["ttft_s"],
+                meta["reuse_share"],
+                ours.content,
+                full_meta["total_s"],
+                meta["total_s"],
+            )
+        )
         print(format_row(rows[-1]))
     print(format_summary(rows, f"LangChain LCEL chain, k={args.k}, warmed at {args.warm_at}"))
 

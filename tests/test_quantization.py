@@ -60,9 +60,9 @@ def test_constant_groups_and_bad_bits() -> None:
 
 def test_engine_keeps_warmed_chunks_quantized(engine, passages) -> None:
     from kvboost_rag import EngineConfig, KVBoostRAG
-    from kvboost_rag.store.memory import ChunkStore
     from kvboost_rag.config import RepairConfig
     from kvboost_rag.eval.prompt import rag_messages
+    from kvboost_rag.store.memory import ChunkStore
 
     documents = passages[:3]
     prompt = rag_messages("Which is it?", documents[::-1])

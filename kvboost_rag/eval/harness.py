@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import random
+import re
 import shlex
 import statistics
 import subprocess
@@ -22,40 +23,53 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..engine import KVBoostRAG, WarmReport
+from ..engine import GenerationResult, KVBoostRAG, Prompt, WarmReport
 from ..engine.prefill import PrefillRunner
+from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.loader import native_cpu_bf16
 from ..hf.model import rotary_module
 from ..plan.matching import ReusePlan
 from .data import QAExample, load_qa
 from .prompt import rag_messages
 from .retrieval import retrieve_documents, sample_nq
+from .variants import Variant
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
+MEMORY_BUDGET = 12 * 1024**3
 EVAL_QUESTIONS = 500  # the eval's sample (seed 0): studies that choose a setting draw outside it
 
 
 def parser(
-    doc: str | None, *, questions: int, k: int | list[int], seed: int, out: str, max_new_tokens: int | None = None
+    doc: str | None,
+    *,
+    questions: int,
+    k: int | list[int],
+    seed: int,
+    out: str,
+    max_new_tokens: int | None = None,
+    dtype: bool = True,
 ) -> argparse.ArgumentParser:
     """The shared options with a script's defaults. `out` is a name under benchmarks/results and
     may hold `{k}`; `k` as a list takes one or more values; `max_new_tokens=None` leaves the
-    option out, for scripts that only prefill. --dtype defaults to the engine's choice
-    (bfloat16 on CUDA and CPUs with native bf16, float32 elsewhere, where bf16 is emulated)."""
+    option out, for scripts that only prefill, and `dtype=False` --dtype, for scripts that
+    choose their dtypes. --dtype defaults to the engine's choice (bfloat16 on CUDA and CPUs
+    with native bf16, float32 elsewhere, where bf16 is emulated and ~4x slower)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--questions", type=int, default=questions, help="NQ-Open questions")
     many = isinstance(k, list)
     p.add_argument("--k", type=int, nargs="+" if many else None, default=k, help="retrieved passages per prompt")
-    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: the engine's for this machine)")
+    if dtype:
+        p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: the engine's for this machine)")
     p.add_argument("--model", default=None, help="HF name, folder or GGUF file (default: the embedded model)")
     p.add_argument("--seed", type=int, default=seed, help="draws the questions and shuffles their documents")
     p.add_argument("--out", type=Path, default=None, help=f"JSON path (default: benchmarks/results/{out})")
     if max_new_tokens is not None:
         p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="answer length limit")
-    p.set_defaults(out_name=out)
+    p.set_defaults(out_name=out, dtype=None)
     return p
 
 
@@ -71,8 +85,10 @@ def parse(p: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse
 
 def load_engine(args: argparse.Namespace, **options: Any) -> KVBoostRAG:
     """The engine a benchmark measures: chunks in memory only, so a run never fills or reads
-    the user's persistent store. `options` are `EngineConfig` fields (and `dtype`)."""
+    the user's persistent store, under a budget that holds a whole sample (fp32 chunks take
+    46 KB a token). `options` are `EngineConfig` fields (and `dtype`)."""
     options.setdefault("dtype", args.dtype)
+    options.setdefault("memory_budget_bytes", MEMORY_BUDGET)
     return KVBoostRAG.from_pretrained(args.model, store="memory", **options)
 
 
@@ -115,8 +131,23 @@ def warm(engine: KVBoostRAG, nq: NQSample, k: int | None = None) -> WarmReport:
     """Warm every retrieved document once, then run one untimed answer (first-call costs)."""
     report = engine.warm(nq.all_documents(k))
     print(f"warmed {report.documents} passages, {report.tokens_encoded} tokens, in {report.seconds:.1f} s")
+    if engine.store.stats().evictions:
+        print(f"warning: {engine.store.stats().evictions} chunks evicted; raise memory_budget_bytes", file=sys.stderr)
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
     return report
+
+
+def answer(
+    engine: KVBoostRAG, prompt: Prompt, variant: Variant, max_new_tokens: int, **options: Any
+) -> GenerationResult:
+    """A variant's greedy answer, ending at a newline as the eval's do. `options` go to
+    `generate` (observer, store_prompt: off unless given, so each variant sees the warmed
+    documents alone)."""
+    options.setdefault("store_prompt", False)
+    mode, repair, exactness = variant.mode, variant.repair, variant.exactness
+    return engine.generate(
+        prompt, mode=mode, repair=repair, exactness=exactness, max_new_tokens=max_new_tokens, stop=["\n"], **options
+    )
 
 
 def assemble_reused(
@@ -124,6 +155,14 @@ def assemble_reused(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A plan's cached K/V moved to their new positions, as the engine's prefill assembles them."""
     return PrefillRunner(engine.model, rotary_module(engine.model), threading.Lock()).assemble(plan, in_position_order)
+
+
+def full_prefill_kv(engine: KVBoostRAG, tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Full prefill of a prompt's tokens: its last logits and every layer's K/V [L, H, n, D]."""
+    cache = make_cache()
+    ids, positions = torch.from_numpy(tokens).to(engine.device), torch.arange(len(tokens), device=engine.device)
+    logits = forward_last_logits(engine.model, ids, positions, cache)
+    return (logits, *stacked_kv(cache))
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -157,11 +196,9 @@ def write_json(path: Path, report: dict[str, Any], indent: int | None = 1) -> Pa
 
 
 def _cpuinfo(field: str) -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":")[0].strip() == field), "")
+    path = Path("/proc/cpuinfo")
+    found = re.search(rf"^{field}\s*:\s*(.*)$", path.read_text(), re.MULTILINE) if path.exists() else None
+    return found.group(1).strip() if found else ""
 
 
 def _git_commit() -> str | None:

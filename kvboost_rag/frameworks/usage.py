@@ -50,6 +50,7 @@ def reuse_details(result: GenerationResult) -> dict[str, Any]:
     return {
         "engine_finish_reason": result.finish_reason,
         "ttft_s": result.ttft_s,
+        "total_s": result.total_s,
         "reuse_share": result.reuse_share,
         "reused_exact_tokens": result.reused_exact_tokens,
         "reused_approximate_tokens": result.reused_approximate_tokens,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from ..paths import cache_dir
 from .support import unsupported_error, unsupported_reason
 

@@ -114,7 +114,9 @@ def _exact_segments(
     return segments, len(segments)
 
 
-def _approximate_segments(tokens: np.ndarray, start: int, store: ChunkLookup, fingerprint: Fingerprint) -> list[Segment]:
+def _approximate_segments(
+    tokens: np.ndarray, start: int, store: ChunkLookup, fingerprint: Fingerprint
+) -> list[Segment]:
     window = store.match_window
     if len(tokens) - start < window:
         return []

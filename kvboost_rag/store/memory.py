@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
+from ..plan.keys import ContentHash, PrefixHash, WindowKey, window_keys
 from .entry import ChunkEntry, DocumentRecord, value_norm
 from .eviction import EvictionWeights, Usage, keep_score
 from .tier import ChunkTier
@@ -62,19 +62,18 @@ class ChunkStore:
     def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
         with self._lock:
             found = self._touch(self._by_prefix.get(key))
-        if found is None:
-            found = next((hit for tier in self.tiers if (hit := tier.get_exact(key)) is not None), None)
-            if found is not None:
-                self._put_memory(found)
-        return found
+        return found if found is not None else self._from_tiers(lambda tier: tier.get_exact(key))
 
     def get_content(self, key: ContentHash) -> ChunkEntry | None:
         with self._lock:
             found = self._touch(self._by_content.get(key))
-        if found is None:
-            found = next((hit for tier in self.tiers if (hit := tier.get(key)) is not None), None)
-            if found is not None:
-                self._put_memory(found)
+        return found if found is not None else self._from_tiers(lambda tier: tier.get(key))
+
+    def _from_tiers(self, lookup: Callable[[ChunkTier], ChunkEntry | None]) -> ChunkEntry | None:
+        """A memory miss looked up in each tier in order; a hit is kept in memory."""
+        found = next((hit for tier in self.tiers if (hit := lookup(tier)) is not None), None)
+        if found is not None:
+            self._put_memory(found)
         return found
 
     def prefetch(self, keys: list[WindowKey]) -> None:
@@ -137,9 +136,12 @@ class ChunkStore:
 
     def _put_memory(self, entry: ChunkEntry) -> bool:
         with self._lock:
-            if entry.prefix_hash is not None and entry.prefix_hash in self._by_prefix:
-                self._touch(self._by_prefix[entry.prefix_hash])  # same chain, same KV
+            held = self._by_prefix.get(entry.prefix_hash) if entry.prefix_hash is not None else None
+            if held is not None and (self._entries[held].approximate_ok or not entry.approximate_ok):
+                self._touch(held)  # same chain, same KV
                 return False
+            # NOTE: a prompt's exact-only chunk may hold this chain already; a document chunk with
+            # the same KV is still indexed for reuse at other positions.
             if entry.approximate_ok and entry.content_hash in self._by_content:
                 if entry.prefix_hash is None:
                     self._touch(self._by_content[entry.content_hash])

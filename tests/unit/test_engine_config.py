@@ -78,8 +78,16 @@ def test_a_warm_prefix_must_be_text() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"rho": 1.5}, {"rho": -0.1}, {"check_layer": -1}, {"deviation": "query"}, {"boundary_tokens": -1},
-     {"min_reused_share": 2.0}],
+    [
+        {"strategy": "blend"},
+        {"rho": 1.5},
+        {"rho": -0.1},
+        {"check_layer": -1},
+        {"deviation": "query"},
+        {"boundary_tokens": -1},
+        {"tail_tokens": -1},
+        {"min_reused_share": 2.0},
+    ],
 )
 def test_bad_repair_values_are_refused(options: dict) -> None:
     with pytest.raises(ValueError):

@@ -258,7 +258,12 @@ def test_mark_used_gets_the_reused_entries(fakes) -> None:
     store = store_of(document)
     calls: list = []
     original = store.mark_used
-    store.mark_used = lambda entries: (calls.append(list(entries)), original(calls[-1]))  # type: ignore[method-assign]
+
+    def recording(entries) -> None:
+        calls.append(list(entries))
+        original(calls[-1])
+
+    store.mark_used = recording  # type: ignore[method-assign]
     plan(fakes, np.concatenate([fakes.filler(4), document.tokens, fakes.filler(4)]), store)
     assert calls == [document.entries]
 

@@ -16,7 +16,7 @@ from kvboost_rag.ops.quantization import QuantizedTensor, quantize_keys, quantiz
 from kvboost_rag.plan.keys import prefix_hash, window_keys
 from kvboost_rag.store.disk import DiskStore
 from kvboost_rag.store.disk.index import DiskIndex, StoreVersionError
-from kvboost_rag.store.entry import DocumentRecord
+from kvboost_rag.store.entry import DocumentRecord, value_norm
 from kvboost_rag.store.settings import SCHEMA_VERSION, KeySettings
 
 
@@ -288,14 +288,7 @@ def test_a_document_record_names_its_chunks_in_order(fakes, disk) -> None:
     assert disk.index.document_chunks(document.record.doc_key) == [document.record.chunks[0]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DiskStore.put writes importance None as 0.0 (float(entry.importance or 0.0)); reloaded, the "
-    "chunk reads as carrying no signal and the memory tier's keep score evicts it first",
-)
 def test_an_unset_importance_does_not_come_back_as_zero(fakes, disk) -> None:
-    from kvboost_rag.store.entry import value_norm
-
     entry = fakes.entry(fakes.tokens(16, band=1), importance=None)
     disk.put(entry)
     loaded = disk.get(entry.content_hash)

@@ -14,7 +14,7 @@ from kvboost_rag.plan.chunking import fixed_boundaries
 from kvboost_rag.plan.keys import content_hash, prefix_hash, window_keys
 from kvboost_rag.plan.matching import plan_reuse
 from kvboost_rag.store.disk import DiskStore
-from kvboost_rag.store.entry import ChunkEntry, DocumentRecord
+from kvboost_rag.store.entry import ChunkEntry
 from kvboost_rag.store.eviction import EvictionWeights, Usage, keep_score
 from kvboost_rag.store.memory import ChunkStore
 
@@ -190,12 +190,6 @@ def test_a_document_with_an_evicted_chunk_is_incomplete(fakes) -> None:
     assert not store.has_document(document.record.doc_key)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ChunkStore._put_memory drops a document chunk whose prefix hash is already stored by an "
-    "exact-only prompt chunk (the engine's store_prompt_chunks): the chunk never enters the content "
-    "and window indexes, so the document is never complete in memory and is not found elsewhere",
-)
 def test_a_document_chunk_is_indexed_even_when_its_prefix_was_stored_from_a_prompt(fakes, plan_checker) -> None:
     # A prompt that starts with the document (no BOS, as with SmolLM2) has the document's first
     # chunks' prefix hashes; after the answer, they are kept as exact-only prompt chunks.
@@ -228,7 +222,9 @@ def test_a_document_chunk_is_indexed_even_when_its_prefix_was_stored_from_a_prom
 
 def test_document_chunks_are_written_through_and_found_on_a_miss(fakes, tmp_path) -> None:
     document = fakes.document(40, band=1, exact=True)
-    exact_only = fakes.entry(fakes.tokens(16, band=3), prefix=prefix_hash(fakes.model_fp, None, [7]), approximate_ok=False)
+    exact_only = fakes.entry(
+        fakes.tokens(16, band=3), prefix=prefix_hash(fakes.model_fp, None, [7]), approximate_ok=False
+    )
     disk = DiskStore(tmp_path, match_window=WINDOW)
     store = ChunkStore(1 << 20, WINDOW, tiers=[disk])
     for e in document.entries:

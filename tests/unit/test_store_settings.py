@@ -9,6 +9,7 @@ import torch
 
 from kvboost_rag.config import EngineConfig
 from kvboost_rag.store.disk import DiskStore
+from kvboost_rag.store.memory import ChunkStore
 from kvboost_rag.store.open import open_store, record_settings
 from kvboost_rag.store.settings import KeySettings, StoreSettingsError, reconcile
 
@@ -122,8 +123,6 @@ def test_a_memory_only_store_has_no_tier() -> None:
 
 def test_record_settings_reaches_every_tier(fakes, tmp_path) -> None:
     disks = [DiskStore(tmp_path / name, match_window=4) for name in "ab"]
-    from kvboost_rag.store.memory import ChunkStore
-
     store = ChunkStore(1 << 20, 4, tiers=disks)
     record_settings(store, fakes.model_fp, EngineConfig(chunk_size=32, match_window=4))
     for disk in disks:

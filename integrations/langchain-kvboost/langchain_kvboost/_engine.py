@@ -1,60 +1,81 @@
-"""What the chat model and the LLM share: the engine settings, lazily built, and one call."""
+"""What the chat model and the LLM share: the options, the engine built from them, one call.
+
+The option fields come from `kvboost_rag.frameworks.options.OPTIONS`, the table the LlamaIndex
+package reads too, so both take the same names.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
+from kvboost_rag.frameworks.options import OPTIONS, build_engine, check_options, reject_unknown, stream_options
+from kvboost_rag.frameworks.usage import finish_reason, openai_usage, reuse_details
+
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
 
-class EngineFields(BaseModel):
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        arbitrary_types_allowed=True, populate_by_name=True, protected_namespaces=(), extra="forbid"
+    )
+
+
+def _field(option: Any) -> tuple[Any, Any]:
+    alias = "model_name" if option.name == "model" else None  # LangChain's usual name for it
+    return option.type, Field(default=option.default, alias=alias, description=option.doc)
+
+
+_OptionFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "KVBoostOptions", __base__=_Strict, __module__=__name__, **{o.name: _field(o) for o in OPTIONS}
+)
+
+
+class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
     """Fields of both LangChain classes; the engine loads on first use, not at construction."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True, protected_namespaces=())
-
-    model: str | None = Field(default=None, alias="model_name")
-    """HuggingFace name, local folder or GGUF file; None is the embedded SmolLM2-135M-Instruct."""
-    dtype: str | None = None
-    """"float32" or "bfloat16" (default)."""
-    device: str | None = None
-    """"cpu" or "cuda"; default CUDA when present."""
-    cache_dir: str | None = None
-    """Persistent chunk store shared with `kvboost-rag warm`; None keeps chunks in memory."""
     engine: KVBoostRAG | None = Field(default=None, exclude=True)
-    """An already built engine: several chains then share one model and one cache."""
-    temperature: float = 0.0
-    """0 is greedy."""
-    max_tokens: int = 256
-    """Most new tokens per answer."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1 switches it off."""
-    top_k: int = 0
-    """Top-k sampling; 0 switches it off."""
-    seed: int | None = None
-    """Seed for sampling, for repeatable answers."""
-    stop: list[str] | None = None
-    """Strings that end the answer (not included)."""
-    mode: str | None = None
-    """"full", "prefix" or "reuse" (default: the engine's, reuse)."""
-    repair: str | None = None
-    """"none", "boundary" or "cacheblend" (default: the engine's)."""
-    timeout: float | None = None
-    """Seconds a call may take; decoding stops there with finish_reason "timeout"."""
+    """An engine built already: several chains then share one model and one store."""
+    streaming: bool = False
+    """Stream tokens to callbacks on invoke too (LangChain's convention)."""
     max_retries: int = 0
-    """Accepted for the standard interface; local generation has nothing to retry."""
+    """Accepted for LangChain's standard interface; local generation has nothing to retry."""
 
     _engine: KVBoostRAG | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        """An unknown option is an error naming it, and the option meant, not a silent no-op."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            known = set(fields) | {f.alias for f in fields.values() if f.alias}
+            reject_unknown(data, known, f"{cls.__name__} option")
+        return data
+
+    @model_validator(mode="after")
+    def _check_values(self) -> EngineFields:
+        """Bad values fail here, not at the first call after loading the model."""
+        check_options(self.option_values(), shared_engine=self.engine is not None)
+        return self
+
+    def option_values(self) -> dict[str, Any]:
+        return {o.name: getattr(self, o.name) for o in OPTIONS}
 
     def get_engine(self) -> KVBoostRAG:
         if self.engine is not None:
             return self.engine
         if self._engine is None:
-            self._engine = KVBoostRAG.from_pretrained(
-                self.model, dtype=self.dtype, device=self.device, cache_dir=self.cache_dir
-            )
+            self._engine = build_engine(self.option_values())
         return self._engine
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids by the model's own tokenizer (LangChain's default downloads GPT-2's)."""
+        if self.custom_get_token_ids is not None:  # type: ignore[attr-defined]
+            return self.custom_get_token_ids(text)  # type: ignore[attr-defined]
+        return list(self.get_engine().tokenizer(text).input_ids)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -62,43 +83,39 @@ class EngineFields(BaseModel):
 
     @property
     def model_label(self) -> str:
-        return self.model or (self.engine.name if self.engine is not None else "SmolLM2-135M-Instruct")
+        return self.model or (self.engine.name if self.engine is not None else DEFAULT_MODEL_LABEL)
 
     def open_stream(self, prompt: Any, stop: list[str] | None, **kwargs: Any) -> GenerationStream:
         """The engine's stream of text deltas; `.result` once exhausted. Call options win."""
         override = kwargs.pop("model", None)
         if override is not None and override != self.model_label:
             raise ValueError(f"one engine serves one model: {self.model_label!r} cannot answer as {override!r}")
-        return self.get_engine().stream(
-            prompt,
-            max_new_tokens=kwargs.pop("max_tokens", self.max_tokens),
-            temperature=kwargs.pop("temperature", self.temperature),
-            top_p=kwargs.pop("top_p", self.top_p),
-            top_k=kwargs.pop("top_k", self.top_k),
-            seed=kwargs.pop("seed", self.seed),
-            stop=list(stop if stop is not None else self.stop or []),
-            mode=kwargs.pop("mode", self.mode),
-            repair=kwargs.pop("repair", self.repair),
-            timeout_s=self.timeout,
-        )
+        options = stream_options(self.option_values(), kwargs, stop)  # a bad option fails before loading
+        return self.get_engine().stream(prompt, **options)
 
 
-def usage(result: GenerationResult) -> dict[str, Any]:
-    """LangChain usage metadata; cache_read is the prompt tokens served from reused KV."""
+def usage_metadata(result: GenerationResult) -> dict[str, Any]:
+    """LangChain's usage metadata; cache_read is the prompt tokens served from reused KV."""
+    usage = openai_usage(result)
     return {
-        "input_tokens": result.prompt_tokens,
-        "output_tokens": result.new_tokens,
-        "total_tokens": result.prompt_tokens + result.new_tokens,
-        "input_token_details": {"cache_read": result.reused_tokens},
+        "input_tokens": usage["prompt_tokens"],
+        "output_tokens": usage["completion_tokens"],
+        "total_tokens": usage["total_tokens"],
+        "input_token_details": {"cache_read": usage["prompt_tokens_details"]["cached_tokens"]},
     }
 
 
 def response_metadata(result: GenerationResult, model: str) -> dict[str, Any]:
+    """OpenAI's finish_reason and model name, with kvboost's reuse numbers beside them."""
     return {
         "model_name": model,
-        "finish_reason": result.finish_reason,
-        "ttft_s": result.ttft_s,
-        "reuse_share": result.reuse_share,
-        "repair_tokens": result.repair_tokens,
         "model_provider": "kvboost",
+        "finish_reason": finish_reason(result.finish_reason),
+        **reuse_details(result),
     }
+
+
+def generation_info(result: GenerationResult) -> dict[str, Any]:
+    """A generation's info: OpenAI's finish_reason, its usage and kvboost's reuse numbers."""
+    usage = openai_usage(result)
+    return {"finish_reason": finish_reason(result.finish_reason), "token_usage": usage, **reuse_details(result)}

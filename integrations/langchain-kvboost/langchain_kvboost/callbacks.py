@@ -10,7 +10,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.framework_hooks import warm_quietly
+from kvboost_rag.frameworks.warming import warm_quietly
 
 
 class KVBoostRetrievalWarmer(BaseCallbackHandler):

@@ -10,7 +10,8 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from langchain_kvboost._engine import EngineFields, response_metadata, usage
+from kvboost_rag.frameworks.usage import finish_reason, openai_usage, sum_usage
+from langchain_kvboost._engine import EngineFields, response_metadata, usage_metadata
 
 ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool", "chat": "user"}
 
@@ -20,9 +21,10 @@ class ChatKVBoost(EngineFields, BaseChatModel):
 
     Swap it into an existing chain: documents warmed beforehand (by `KVBoostRetrievalWarmer`,
     `warm_documents` or `kvboost-rag warm`) are reused wherever they land in the prompt.
-    `usage_metadata.input_token_details.cache_read` is the number of prompt tokens reused.
+    `usage_metadata.input_token_details.cache_read` is the number of prompt tokens reused;
+    `llm_output["token_usage"]` holds the same counts as OpenAI reports them.
 
-        chat = ChatKVBoost(cache_dir="~/.cache/kvboost-rag/chunks")
+        chat = ChatKVBoost()  # the store `kvboost-rag warm` fills; store="memory": this process only
         chat.invoke("Hello")
     """
 
@@ -57,10 +59,25 @@ class ChatKVBoost(EngineFields, BaseChatModel):
         assert result is not None
         message = AIMessage(
             content=result.text,
-            usage_metadata=usage(result),  # type: ignore[arg-type]
+            usage_metadata=usage_metadata(result),  # type: ignore[arg-type]
             response_metadata=response_metadata(result, self.model_label),
         )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        info = {"finish_reason": finish_reason(result.finish_reason)}
+        generation = ChatGeneration(message=message, generation_info=info)
+        llm_output = {"token_usage": openai_usage(result), "model_name": self.model_label}
+        return ChatResult(generations=[generation], llm_output=llm_output)
+
+    def _combine_llm_outputs(self, llm_outputs: list[dict[str, Any] | None], /) -> dict[str, Any]:
+        """A batch's llm_output: its calls' token usage added up, as ChatOpenAI's is."""
+        usages = [output.get("token_usage") for output in llm_outputs if output]
+        return {"token_usage": sum_usage(usages), "model_name": self.model_label}
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
+        """The prompt tokens these messages make through the model's chat template (no tools:
+        the engine has no tool calling)."""
+        if self.custom_get_token_ids is not None or not messages:
+            return super().get_num_tokens_from_messages(messages, tools)
+        return len(self.get_engine().tokenize_prompt(to_chat(messages)))
 
     def _stream(
         self,
@@ -78,9 +95,10 @@ class ChatKVBoost(EngineFields, BaseChatModel):
         result = stream.result
         assert result is not None
         yield ChatGenerationChunk(
+            generation_info={"finish_reason": finish_reason(result.finish_reason)},
             message=AIMessageChunk(
                 content="",
-                usage_metadata=usage(result),  # type: ignore[arg-type]
+                usage_metadata=usage_metadata(result),  # type: ignore[arg-type]
                 response_metadata=response_metadata(result, self.model_label),
                 chunk_position="last",
             )

@@ -8,7 +8,7 @@ from typing import Any
 from langchain_core.documents import Document
 
 from kvboost_rag import KVBoostRAG, WarmReport
-from kvboost_rag.framework_hooks import warm_quietly
+from kvboost_rag.frameworks.warming import warm_quietly
 
 
 def warm_documents(engine: KVBoostRAG, documents: Sequence[Document], **kwargs: Any) -> WarmReport:

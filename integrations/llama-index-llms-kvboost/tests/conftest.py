@@ -14,20 +14,21 @@ from llama_index.core.schema import TransformComponent
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from llama_index.vector_stores.faiss import FaissVectorStore
 
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.qa_dataset import load_qa
-from kvboost_rag.retrieval import default_embedder_path
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.eval.data import load_qa
+from kvboost_rag.eval.retrieval import default_embedder_path
 
 
 @pytest.fixture(scope="session")
 def shared_engine() -> KVBoostRAG:
-    return KVBoostRAG.from_pretrained()
+    return KVBoostRAG.from_pretrained(dtype="float32", store="memory")
 
 
 @pytest.fixture()
 def engine(shared_engine: KVBoostRAG) -> KVBoostRAG:
     """The session's model with an empty store, so tests do not see each other's chunks."""
-    return KVBoostRAG(shared_engine.model, shared_engine.tokenizer, name=shared_engine.name)
+    config = EngineConfig(store="memory")
+    return KVBoostRAG(shared_engine.model, shared_engine.tokenizer, config, name=shared_engine.name)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ def test_is_a_llama_index_llm() -> None:
 
 
 def test_engine_loads_on_first_use_not_at_construction() -> None:
-    llm = KVBoostLLM(max_tokens=5, cache_dir="/nonexistent/never-created")
+    llm = KVBoostLLM(max_tokens=5, store="/nonexistent/never-created")
     assert llm._own_engine is None and llm.engine is None
 
 
@@ -29,6 +29,11 @@ def test_metadata_has_the_models_context_window(shared_engine: KVBoostRAG) -> No
     metadata = KVBoostLLM(engine=shared_engine, max_tokens=7).metadata
     assert metadata.context_window == shared_engine.max_context == 8192
     assert metadata.num_output == 7 and metadata.is_chat_model
+
+
+def test_context_window_can_be_set_without_loading() -> None:
+    llm = KVBoostLLM(model="/nowhere/model", context_window=2048)
+    assert llm.metadata.context_window == 2048 and llm._own_engine is None
 
 
 def test_complete_reports_usage_and_reuse(engine: KVBoostRAG) -> None:
@@ -40,7 +45,8 @@ def test_complete_reports_usage_and_reuse(engine: KVBoostRAG) -> None:
     assert usage["prompt_tokens"] == len(engine.tokenizer(PROMPT).input_ids)
     assert 0 < usage["completion_tokens"] <= 6
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert first.raw["usage"]["cache_read_tokens"] == 0 and second.raw["ttft_s"] > 0
+    assert first.raw["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and second.raw["ttft_s"] > 0
+    assert second.raw["finish_reason"] in ("stop", "length")
 
 
 def test_stream_complete_streams_the_same_text(shared_engine: KVBoostRAG) -> None:

@@ -83,10 +83,11 @@ class DiskIndex:
                 self._set_meta("schema_version", str(SCHEMA_VERSION))
                 if has_rows:
                     self._set_meta("match_window", "16")
-            elif int(version) > SCHEMA_VERSION:
-                raise StoreVersionError(
-                    f"{path} has schema {version}; this kvboost-rag reads up to {SCHEMA_VERSION}: upgrade it"
-                )
+        if version is not None and int(version) > SCHEMA_VERSION:
+            self._db.close()
+            raise StoreVersionError(
+                f"{path} has schema {version}; this kvboost-rag reads up to {SCHEMA_VERSION}: upgrade it"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -117,7 +118,9 @@ class DiskIndex:
 
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
         with self._lock, self._db:
-            self._db.execute("INSERT OR IGNORE INTO settings (model, settings) VALUES (?, ?)", (model, settings.to_json()))
+            self._db.execute(
+                "INSERT OR IGNORE INTO settings (model, settings) VALUES (?, ?)", (model, settings.to_json())
+            )
 
     # entries -----------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
-from ..entry import ChunkEntry, DocumentRecord
+from ..entry import ChunkEntry, DocumentRecord, value_norm
 from ..settings import KeySettings
 from .format import deserialize, serialize, to_device, write_atomically
 from .index import DiskIndex, EntryRow, ModelStats
@@ -96,7 +96,7 @@ class DiskStore:
             entry.base_position,
             entry.next_chunk,
             entry.tokens.astype(np.int64).tobytes(),
-            float(entry.importance or 0.0),
+            entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1]),
             str(path.relative_to(self.root)),
         )
         inserted = self.index.insert(row, len(data), [(key, i * self.window) for i, key in enumerate(keys)])

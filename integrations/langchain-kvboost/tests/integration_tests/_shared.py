@@ -9,4 +9,4 @@ from kvboost_rag import KVBoostRAG
 
 @cache
 def shared_engine() -> KVBoostRAG:
-    return KVBoostRAG.from_pretrained()
+    return KVBoostRAG.from_pretrained(dtype="float32", store="memory")

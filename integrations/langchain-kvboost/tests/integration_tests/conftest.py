@@ -12,25 +12,20 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
 
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.prompting import SYSTEM
-from kvboost_rag.qa_dataset import load_qa
-from kvboost_rag.retrieval import default_embedder_path
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.eval.data import load_qa
+from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
+from kvboost_rag.eval.retrieval import default_embedder_path
 from tests.integration_tests._shared import shared_engine
 
-PROMPT = ChatPromptTemplate.from_messages(
-    [
-        ("system", SYSTEM),
-        ("human", "Documents:\n\n{context}\n\nQuestion: {question}\nAnswer:"),
-    ]
-)
+PROMPT = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)])  # the eval's prompt
 
 
 @pytest.fixture()
 def engine() -> KVBoostRAG:
     """The shared model with an empty store, so tests do not see each other's chunks."""
     shared = shared_engine()
-    return KVBoostRAG(shared.model, shared.tokenizer, name=shared.name)
+    return KVBoostRAG(shared.model, shared.tokenizer, EngineConfig(store="memory"), name=shared.name)
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +56,6 @@ def build_chain(vectorstore: FAISS) -> Callable[[BaseChatModel], Runnable]:
 
     def build(model: BaseChatModel) -> Runnable:
         retriever = vectorstore.as_retriever(search_kwargs={"k": 3})
-        return {"context": retriever | format_docs, "question": RunnablePassthrough()} | PROMPT | model
+        return {"documents": retriever | format_docs, "question": RunnablePassthrough()} | PROMPT | model
 
     return build

@@ -16,6 +16,12 @@ class TestChatKVBoostUnit(ChatModelUnitTests):
         return {"model": "SmolLM2-135M-Instruct"}
 
     @property
+    def standard_chat_model_params(self) -> dict:
+        params = super().standard_chat_model_params
+        del params["api_key"]  # a local model takes no key; like any unknown option, one is an error
+        return params
+
+    @property
     def has_tool_calling(self) -> bool:
         return False  # the reuse engine generates text; tool calling is not implemented
 

@@ -17,41 +17,62 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validator
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
+from kvboost_rag.frameworks.options import OPTIONS, build_engine, check_options, reject_unknown, stream_options
+from kvboost_rag.frameworks.usage import finish_reason, openai_usage
+
+# The option fields from the table the LangChain package reads too: both take the same names.
+_OptionFields: type[CustomLLM] = create_model(  # type: ignore[call-overload]
+    "KVBoostOptions",
+    __base__=CustomLLM,
+    __module__=__name__,
+    **{o.name: (o.type, Field(default=o.default, description=o.doc)) for o in OPTIONS},
+)
 
 
-class KVBoostLLM(CustomLLM):
+class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
     """A local HuggingFace model through kvboost-rag.
 
     Nodes warmed beforehand (by `KVBoostWarmTransformation` at ingestion, `KVBoostRetrievalWarmer`
-    at retrieval, or `kvboost-rag warm`) are reused wherever they land in the prompt. Each
-    response's `raw` holds the generation result (`ttft_s`, `reused_*_tokens`, ...) and
-    `raw["usage"]` the token counts, `cache_read_tokens` being the prompt tokens reused.
+    at retrieval, or `kvboost-rag warm` into the same store) are reused wherever they land in the
+    prompt. Each response's `raw` holds the generation result (`ttft_s`, `reused_*_tokens`, ...),
+    OpenAI's `finish_reason` and `raw["usage"]` as OpenAI reports it, where LlamaIndex's token
+    counter reads it; `prompt_tokens_details.cached_tokens` is the prompt tokens reused.
 
-        llm = KVBoostLLM()  # the embedded SmolLM2-135M-Instruct
+        llm = KVBoostLLM()  # the embedded SmolLM2-135M-Instruct, the store `kvboost-rag warm` fills
         index.as_query_engine(llm=llm)
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
+    model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=(), extra="forbid")
 
-    model: str | None = Field(default=None, description="HF name, folder or GGUF file; None: the embedded default.")
-    dtype: str | None = Field(default=None, description="'float32' or 'bfloat16' (default).")
-    device: str | None = Field(default=None, description="'cpu' or 'cuda'; default CUDA when present.")
-    cache_dir: str | None = Field(default=None, description="Persistent chunk store shared with `kvboost-rag warm`.")
     engine: KVBoostRAG | None = Field(default=None, exclude=True, description="A built engine, to share one model.")
-    max_tokens: int = Field(default=256, gt=0, description="Most new tokens per answer.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1 switches it off.")
-    seed: int | None = Field(default=None, description="Seed for sampling, for repeatable answers.")
-    stop: list[str] = Field(default_factory=list, description="Strings that end the answer (not included).")
-    mode: str | None = Field(default=None, description="'full', 'prefix' or 'reuse' (default: the engine's).")
-    repair: str | None = Field(default=None, description="'none', 'boundary' or 'cacheblend' (default: the engine's).")
+    context_window: int | None = Field(
+        default=None, gt=0, description="Tokens the prompt and answer may take; None: the model's context window."
+    )
 
     _own_engine: KVBoostRAG | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        """An unknown option is an error naming it, and the option meant, not a silent no-op."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            reject_unknown(data, set(fields) | {f.alias for f in fields.values() if f.alias}, "KVBoostLLM option")
+        return data
+
+    @model_validator(mode="after")
+    def _check_values(self) -> KVBoostLLM:
+        """Bad values fail here, not at the first call after loading the model."""
+        check_options(self.option_values(), shared_engine=self.engine is not None)
+        return self
+
+    def option_values(self) -> dict[str, Any]:
+        return {o.name: getattr(self, o.name) for o in OPTIONS}
 
     @classmethod
     def class_name(cls) -> str:
@@ -62,33 +83,30 @@ class KVBoostLLM(CustomLLM):
         if self.engine is not None:
             return self.engine
         if self._own_engine is None:
-            self._own_engine = KVBoostRAG.from_pretrained(
-                self.model, dtype=self.dtype, device=self.device, cache_dir=self.cache_dir
-            )
+            self._own_engine = build_engine(self.option_values())
         return self._own_engine
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids by the model's own tokenizer: `Settings.tokenizer = llm.tokenize` makes
+        LlamaIndex count with it rather than with tiktoken's."""
+        return list(self.get_engine().tokenizer(text).input_ids)
 
     @property
     def metadata(self) -> LLMMetadata:
-        engine = self.get_engine()
+        """Reads no tokenizer; loads the engine only when the context window must come from it."""
+        engine = self.engine or self._own_engine
+        name = self.model or (engine.name if engine is not None else "SmolLM2-135M-Instruct")
         return LLMMetadata(
-            context_window=engine.max_context,
+            context_window=self.context_window or self.get_engine().max_context,
             num_output=self.max_tokens,
             is_chat_model=True,
-            model_name=self.model or engine.name,
+            model_name=name,
         )
 
     def _open(self, prompt: str | list[dict[str, str]], kwargs: dict[str, Any]) -> GenerationStream:
         """The engine's token stream; call options win over the fields. Bad input raises here."""
-        return self.get_engine().stream(
-            prompt,
-            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
-            temperature=kwargs.get("temperature", self.temperature),
-            top_p=kwargs.get("top_p", self.top_p),
-            seed=kwargs.get("seed", self.seed),
-            stop=kwargs.get("stop", self.stop),
-            mode=kwargs.get("mode", self.mode),
-            repair=kwargs.get("repair", self.repair),
-        )
+        options = stream_options(self.option_values(), kwargs)  # a bad option fails before loading
+        return self.get_engine().stream(prompt, **options)
 
     # Each public method is one LlamaIndex event; the async ones run the sync work in a worker
     # thread (the engine serializes forward passes itself), so the event loop stays free.
@@ -170,16 +188,16 @@ def _last(responses: Iterator[Any]) -> Any:
 
 
 def _raw(result: GenerationResult | None) -> dict[str, Any]:
-    """The generation result, with usage where LlamaIndex's token counter reads it."""
+    """The generation result with OpenAI's finish_reason (the engine's beside it) and OpenAI's
+    usage, where LlamaIndex's token counter reads it instead of counting with its tokenizer."""
     if result is None:
         return {}
-    usage = {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.new_tokens,
-        "total_tokens": result.prompt_tokens + result.new_tokens,
-        "cache_read_tokens": result.reused_tokens,
+    return {
+        **result.to_dict(),
+        "finish_reason": finish_reason(result.finish_reason),
+        "engine_finish_reason": result.finish_reason,
+        "usage": openai_usage(result),
     }
-    return {**result.to_dict(), "usage": usage}
 
 
 async def _in_threads(responses: Iterator[Any]) -> AsyncGenerator[Any, None]:

@@ -14,7 +14,7 @@ from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.framework_hooks import warm_quietly
+from kvboost_rag.frameworks.warming import warm_quietly
 
 
 def node_text(node: BaseNode) -> str:

@@ -1,0 +1,239 @@
+"""Markdown tables from the benchmarks' JSON results, so no README holds a number typed by hand.
+
+One renderer per benchmark, chosen by the JSON file's name; `render_all` renders every result
+found under a folder, `replace_section` puts that text between two markers of a README. A
+value an older result lacks is left blank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .report import COLUMNS
+
+BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
+Format = str | Callable[[Any], str]
+Column = tuple[str, Callable[[dict[str, Any]], Any], Format]  # title, value of a row, format
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def cell(row: dict[str, Any], value: Callable[[dict[str, Any]], Any], spec: Format) -> str:
+    try:
+        x = value(row)
+    except (KeyError, TypeError):  # an older result without this value
+        return ""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return spec(x) if callable(spec) else spec.format(x)
+
+
+def columns_table(columns: list[Column], rows: list[dict[str, Any]]) -> str:
+    """The columns some row has a value for (older results lack the newer ones)."""
+    cells = [[cell(row, value, spec) for _, value, spec in columns] for row in rows]
+    kept = [i for i in range(len(columns)) if any(row[i] for row in cells)]
+    return table([columns[i][0] for i in kept], [[row[i] for i in kept] for row in cells])
+
+
+def ms(summary: dict[str, float]) -> str:
+    """A {median, mean} of seconds as "median ms (mean)"."""
+    return f"{summary['median'] * 1000:,.0f} ms ({summary['mean'] * 1000:,.0f})"
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    skip = ("out", "rows", "repair", "exactness")
+    return "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k not in skip and v is not None)
+
+
+def get(*keys: str) -> Callable[[dict[str, Any]], Any]:
+    """The value at a path of keys."""
+
+    def value(row: dict[str, Any]) -> Any:
+        for key in keys:
+            row = row[key]
+        return row
+
+    return value
+
+
+TTFT: list[Column] = [
+    ("k", get("k"), "{}"),
+    ("prompt tokens", get("prompt_tokens", "median"), "{:,.0f}"),
+    ("variant", get("variant"), "{}"),
+    ("TTFT median (mean)", get("ttft_s"), ms),
+    ("TTFT speedup", get("speedup_median"), "{:.2f}x"),
+    ("2nd token", get("second_token_s"), ms),
+    ("answer median (mean)", get("total_s"), ms),
+    ("answer x full", get("total_ratio_vs_full"), "{:.2f}x"),
+    ("reused", get("reuse_share", "mean"), "{:.0%}"),
+    ("repaired", get("repair_share", "mean"), "{:.0%}"),
+    ("floor", get("floor_s"), ms),
+    ("1st token = full's", get("first_token_agreement_vs_full"), "{:.0%}"),
+    ("answer = full's", get("answer_agreement_vs_full"), "{:.0%}"),
+    ("1st token verified", get("verified_first_token_share"), "{:.0%}"),
+]
+STORE: list[Column] = [
+    ("chunk format", get("format"), "{}"),
+    ("bytes/token", get("bytes_per_token"), "{:,.0f}"),
+    ("ready from memory", get("load_memory_ms_per_chunk"), "{:.3f} ms"),
+    ("from disk", get("load_disk_ms_per_chunk"), "{:.1f} ms"),
+    ("recompute", get("recompute_ms_per_chunk"), "{:,.0f} ms"),
+    ("EM full", get("em_full"), "{:.1%}"),
+    ("EM reuse", get("em_reuse"), "{:.1%}"),
+    ("1st token = full's", get("first_token_agreement"), "{:.1%}"),
+    ("1st-token KL", get("first_token_kl"), "{:.3f}"),
+]
+ATTENTION: list[Column] = [
+    ("attention", get("attention"), "{}"),
+    ("repair", get("repair"), "{}"),
+    ("median prefill", lambda r: r["median_s"] * 1000, "{:,.0f} ms"),
+    ("1st token = full's", get("first_token_agreement"), "{:.1%}"),
+    ("1st-token KL", get("first_token_kl_mean"), "{:.4f}"),
+]
+SELECTION: list[Column] = [
+    ("selection", get("name"), "{}"),
+    ("1st-token KL", get("first_token_kl_mean"), "{:.4f}"),
+    ("1st token = full's", get("first_token_agreement"), "{:.1%}"),
+]
+VERIFY: list[Column] = [
+    ("margin", lambda t: f"{t['margin']:g}" + (" + refresh" if t["refresh"] else ""), "{}"),
+    ("1st token = full's", get("first_token_agreement"), "{:.1%}"),
+    ("answer = full's", get("answer_agreement"), "{:.1%}"),
+    ("EM diff (points)", lambda t: t["em_diff_vs_full"] * 100, "{:+.1f}"),
+    ("1st token verified", get("verified_first_token_share"), "{:.0%}"),
+    ("answer recomputed", get("recomputed_answer_share"), "{:.0%}"),
+    ("unknown", get("unknown_continuations"), "{}"),
+    ("TTFT x full median (mean)", lambda t: f"{t['ttft_median_ratio']:.2f}x ({t['ttft_mean_ratio']:.2f})", "{}"),
+    ("answer time x full", get("answer_time_median_ratio"), "{:.2f}x"),
+]
+
+
+def ttft(data: dict[str, Any]) -> str:
+    rows = [
+        {"k": k, "prompt_tokens": entry["prompt_tokens"], "variant": name, **e}
+        for k, entry in data["k"].items()
+        for name, e in entry.items()
+        if name != "prompt_tokens"
+    ]
+    tokens = data.get("max_new_tokens", 1)
+    notes = f"{data['questions']} questions, {data['dtype']}, " + (
+        "first token only" if tokens == 1 else f"answers of up to {tokens} tokens"
+    )
+    return notes + "\n\n" + columns_table(TTFT, rows)
+
+
+def store(data: dict[str, Any]) -> str:
+    rows = [{"format": name, **f} for name, f in data["formats"].items()]
+    return f"{data['questions']} questions, k={data['k']}, times per chunk\n\n" + columns_table(STORE, rows)
+
+
+def attention(data: dict[str, Any]) -> str:
+    return settings_line(data["settings"]) + "\n\n" + columns_table(ATTENTION, data["rows"])
+
+
+def dtype(data: dict[str, Any]) -> str:
+    prefills = {key for d in data["dtypes"].values() for key in d if key.startswith("prefill_")}
+    prefills = sorted(prefills, key=lambda key: -int(key.split("_")[1]))
+    columns: list[Column] = [("dtype", get("dtype"), "{}")]
+    columns += [(f"prefill {key.split('_')[1]} tokens", get(key), "{:.2f} s") for key in prefills]
+    columns += [
+        ("median TTFT", get("median_ttft_s"), "{:.2f} s"),
+        ("decode", get("decode_tokens_per_s"), "{:.0f} tok/s"),
+        ("NQ EM", get("em"), "{:.1%}"),
+    ]
+    agreement = data["agreement"]
+    notes = (
+        f"{data['questions']} questions, {data['docs_per_prompt']} passages each; the second dtype against the first:"
+        f" first token the same on {agreement['first_token']:.1%}, whole answer on {agreement['whole_answer']:.1%}"
+    )
+    return notes + "\n\n" + columns_table(columns, [{"dtype": name, **d} for name, d in data["dtypes"].items()])
+
+
+def eval_summary(data: dict[str, Any]) -> str:
+    """An eval's summary (`kvboost-rag eval`, explore_repair), with the columns this result has."""
+    summary = data["summary"]
+    columns: list[Column] = [("variant", get("variant"), "{}")]
+    for key, title, spec in COLUMNS:
+        if any(key in stats for stats in summary.values()):
+            value = em_diff_with_interval if key == "em_diff_vs_full" else get(key)
+            columns.append((title, value, "{}" if key == "em_diff_vs_full" else spec))
+    rows = [{"variant": name, **stats} for name, stats in summary.items()]
+    return settings_line(data["settings"]) + "\n\n" + columns_table(columns, rows)
+
+
+def em_diff_with_interval(stats: dict[str, Any]) -> str:
+    text = f"{stats['em_diff_vs_full']:+.1%}"
+    if stats["variant"] != "full" and "em_diff_ci95_low" in stats and not math.isnan(stats["em_diff_ci95_low"]):
+        text += f" [{stats['em_diff_ci95_low']:+.1%}, {stats['em_diff_ci95_high']:+.1%}]"
+    return text
+
+
+def selection(data: dict[str, Any]) -> str:
+    rows = [{"name": name, **s} for name, s in data["summary"].items()]
+    return settings_line(data["settings"]) + "\n\n" + columns_table(SELECTION, rows)
+
+
+def verify(data: dict[str, Any]) -> str:
+    return settings_line(data["settings"]) + "\n\n" + columns_table(VERIFY, data["table"])
+
+
+def where(data: dict[str, Any]) -> str:
+    parts = [f"{data['questions']} questions, k={data['k']}: relative deviation of reused K/V from full prefill's"]
+    for key, title in (("by_offset", "offset in its run"), ("by_document_rank", "document (1: next to the question)")):
+        labels = list(data[key]["key"])
+        rows = [[kind] + [f"{data[key][kind][label]:.3f}" for label in labels] for kind in ("key", "value")]
+        parts.append(table([title] + labels, rows))
+    layers = [[kind, " ".join(f"{x:.2f}" for x in data["by_layer"][kind])] for kind in ("key", "value")]
+    parts.append(table(["by layer", "layers 0, 1, ..."], layers))
+    return "\n\n".join(parts)
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "bench_ttft": ttft,
+    "bench_store": store,
+    "bench_attention": attention,
+    "bench_dtype": dtype,
+    "explore_repair": eval_summary,
+    "eval_": eval_summary,
+    "selection_ceiling": selection,
+    "verify_margin": verify,
+    "where_error_sits": where,
+}
+
+
+def provenance(data: dict[str, Any]) -> str:
+    run = data.get("run")
+    if not run:
+        return "Where and at which commit: not recorded (the earlier machine, see above)."
+    machine = f"{run['cpu']}, {run['cpu_count']} CPUs, AVX-512 {'yes' if run['avx512'] else 'no'}"
+    return f"Measured {run['date']} at commit {run['commit']} ({machine}, torch {run['torch']}): `{run['command']}`"
+
+
+def render_file(path: Path, root: Path) -> str | None:
+    """The section of one result file, or None when no renderer knows its name."""
+    renderer = next((r for prefix, r in RENDERERS.items() if path.stem.startswith(prefix)), None)
+    if renderer is None:
+        return None
+    data = json.loads(path.read_text())
+    return f"### `{path.relative_to(root).as_posix()}`\n\n{provenance(data)}\n\n{renderer(data)}"
+
+
+def render_all(results: Path) -> str:
+    """Every known result under `results`: the folder's own files first, then each subfolder's."""
+    paths = sorted(results.rglob("*.json"), key=lambda p: (len(p.relative_to(results).parts), p.as_posix()))
+    return "\n\n".join(s for s in (render_file(p, results.parent) for p in paths) if s is not None)
+
+
+def replace_section(text: str, generated: str) -> str:
+    """`text` with what lies between BEGIN and END replaced by `generated`."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {BEGIN} ... {END} section")
+    return text[: start + len(BEGIN)] + "\n" + generated + "\n" + text[end:]
