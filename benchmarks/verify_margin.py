@@ -107,7 +107,8 @@ def main() -> None:
     p = harness.parser(__doc__, questions=250, k=5, seed=11, out="verify/verify_margin_k{k}.json", max_new_tokens=16)
     p.add_argument("--rows", type=Path, default=None, help="recorded answers (an earlier --out) to simulate again")
     args = harness.parse(p)
-    rows = json.loads(args.rows.read_text())["rows"] if args.rows else record_answers(args)
+    recorded = json.loads(args.rows.read_text()) if args.rows else None
+    rows = recorded["rows"] if recorded else record_answers(args)
     table = [simulate(rows, margin) for margin in MARGINS]
     table += [simulate(rows, margin, refresh=True) for margin in REFRESHED_MARGINS]
     print(f"k={args.k}, {len(rows)} questions outside the eval's")
@@ -122,7 +123,7 @@ def main() -> None:
             f"{t['recomputed_answer_share']:>9.0%}  {t['unknown_continuations']:>7}  "
             f"{t['ttft_median_ratio']:.2f}/{t['ttft_mean_ratio']:.2f}x  {t['answer_time_median_ratio']:>9.2f}x"
         )
-    settings = vars(args) | {
+    settings = (recorded["settings"] if recorded else vars(args)) | {  # as the answers were recorded
         "out": str(args.out),
         "rows": str(args.rows) if args.rows else None,
         "questions": len(rows),

@@ -7,10 +7,10 @@ prompts, so text warmed here is found there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..engine.inputs import check_text
 from ..eval.data import Passage, read_records
 
 TEXT_SUFFIXES = {".txt", ".md"}
@@ -37,24 +37,39 @@ def document_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def read_documents(path: Path) -> Iterator[str]:
+def read_documents(path: Path) -> list[tuple[str, str]]:
+    """(where, text) of each document in the file, where naming it for messages ("record 3").
+
+    The whole file is read first: one that cannot be read, or whose records are not documents,
+    is a ValueError naming the file and the line or record, and gives no documents at all.
+    """
     if path.suffix in TEXT_SUFFIXES:
-        text = path.read_text(encoding="utf-8")
-        if text.strip():
-            yield text
-        return
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+        return [("", text)] if text.strip() else []
+    documents: list[tuple[str, str]] = []
     for index, record in enumerate(read_records(path)):
-        yield from _record_documents(path, index, record)
+        documents += _record_documents(path, index, record)
+    return documents
 
 
-def _record_documents(path: Path, index: int, record: Any) -> Iterator[str]:
+def _record_documents(path: Path, index: int, record: Any) -> list[tuple[str, str]]:
+    where = f"record {index}"
     if isinstance(record, str):
-        if record.strip():
-            yield record
-    elif isinstance(record, dict) and "ctxs" in record:
-        for ctx in record["ctxs"]:
-            yield Passage(ctx.get("title", "") or "", ctx["text"]).as_document()
-    elif isinstance(record, dict) and "text" in record:
-        yield Passage(record.get("title", "") or "", record["text"]).as_document()
-    else:
-        raise ValueError(f"{path}: record {index} is neither text, a passage nor an example with ctxs")
+        return [(where, check_text(record, f"{path}: {where}"))] if record.strip() else []
+    if isinstance(record, dict) and isinstance(record.get("ctxs"), list):
+        return [_passage(path, f"{where} ctxs[{i}]", ctx) for i, ctx in enumerate(record["ctxs"])]
+    if isinstance(record, dict) and "text" in record:
+        return [_passage(path, where, record)]
+    raise ValueError(f"{path}: {where} is neither text, a passage nor an example with ctxs")
+
+
+def _passage(path: Path, where: str, record: Any) -> tuple[str, str]:
+    """A passage record as the document the eval puts in prompts: `title\ntext`."""
+    text = record.get("text") if isinstance(record, dict) else None
+    title = record.get("title") or "" if isinstance(record, dict) else ""
+    if not isinstance(text, str) or not isinstance(title, str):
+        raise ValueError(f"{path}: {where} needs a str 'text' (and an optional str 'title')")
+    return where, check_text(Passage(title, text).as_document(), f"{path}: {where}")

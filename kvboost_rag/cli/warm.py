@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,32 @@ import typer
 
 from .app import DtypeOption, ModelOption, StoreOption, app, store_dir
 from .sizes import parse_bytes
+
+
+class _Failures:
+    """Bad files and documents: each reported as found (file and record), the run goes on
+    unless `fail_fast`; the files are counted for the exit status."""
+
+    def __init__(self, fail_fast: bool) -> None:
+        self.fail_fast = fail_fast
+        self.files: dict[Path, None] = {}  # in the order found
+        self.documents = 0
+
+    def report(self, path: Path, message: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(f"error: {message}", file=sys.stderr)  # above the progress bar, not through it
+        self.files[path] = None
+        if self.fail_fast:
+            self.exit()
+
+    def exit(self) -> None:
+        """Exit 1 with "N files failed" if any did; return otherwise."""
+        if self.files:
+            count = len(self.files)
+            names = ", ".join(map(str, self.files))
+            typer.echo(f"{count} file{'s' if count != 1 else ''} failed: {names}", err=True)
+            raise typer.Exit(1)
 
 
 @app.command()
@@ -22,18 +49,24 @@ def warm(
     quantization: Annotated[str | None, typer.Option(help="int8 or int4 (default: none)")] = None,
     warm_prefix: Annotated[str, typer.Option(help="text encoded before each document, not kept")] = "",
     memory_budget: Annotated[str, typer.Option(help="memory for chunks while warming")] = "1GiB",
+    fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
 ) -> None:
     """Pre-warm documents into the persistent chunk store. Idempotent and resumable: documents
-    already stored are skipped without model work, so an interrupted run continues."""
+    already stored are skipped without model work, so an interrupted run continues.
+
+    A file that cannot be read, or a document that cannot be warmed, is reported by file and
+    record and skipped; the rest are warmed and the exit status is 1 (--fail-fast: stop there).
+    """
     from tqdm import tqdm
 
     from ..config import EngineConfig
     from ..engine import KVBoostRAG
+    from ..store.disk.index import StoreVersionError
+    from ..store.settings import StoreSettingsError
     from .documents import document_files, read_documents
 
     try:
         files = document_files(paths)
-        documents = [doc for path in files for doc in read_documents(path)]
         config = EngineConfig.from_options(
             chunk_size=chunk_size,
             chunking=chunking,
@@ -44,18 +77,40 @@ def warm(
         )
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from error
+    failures = _Failures(fail_fast)
+    documents: list[tuple[Path, str, str]] = []  # (file, record, text)
+    for path in files:
+        try:
+            documents += [(path, where, text) for where, text in read_documents(path)]
+        except ValueError as error:  # read_documents names the file and the line or record
+            failures.report(path, str(error))
+        except OSError as error:
+            failures.report(path, f"{path}: cannot read it ({error.strerror or error})")
     if not documents:
+        failures.exit()
         raise typer.BadParameter("no documents found in " + ", ".join(map(str, paths)))
     engine = KVBoostRAG.from_pretrained(model, dtype=dtype, config=config)
     skipped = chunks = 0
     # Progress in characters: proportional to the work, without tokenizing every document twice.
-    with tqdm(total=sum(map(len, documents)), unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
-        for document in documents:
-            report = engine.warm(document)
-            skipped += report.skipped_documents
-            chunks += report.chunks_stored
-            bar.update(len(document))
+    total = sum(len(text) for _, _, text in documents)
+    with tqdm(total=total, unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
+        for path, where, text in documents:
+            try:
+                report = engine.warm(text)
+            except (StoreSettingsError, StoreVersionError):
+                raise  # the store's, not the document's: no use going on
+            except (ValueError, TypeError) as error:  # refused before any model work: nothing stored
+                failures.documents += 1
+                reason = str(error).replace("document 0 (documents[0])", "the document", 1)
+                failures.report(path, f"{path}: {where + ': ' if where else ''}skipped: {reason}")
+            else:
+                skipped += report.skipped_documents
+                chunks += report.chunks_stored
+            bar.update(len(text))
+    warmed = len(documents) - skipped - failures.documents
+    failed = f", {failures.documents} failed" if failures.documents else ""
     typer.echo(
-        f"{len(documents)} documents from {len(files)} files: {len(documents) - skipped} warmed ({chunks} chunks), "
-        f"{skipped} already warm. Store: {engine.config.store}"
+        f"{len(documents)} documents from {len(files)} files: {warmed} warmed ({chunks} chunks), "
+        f"{skipped} already warm{failed}. Store: {engine.config.store}"
     )
+    failures.exit()

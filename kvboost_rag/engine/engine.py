@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import jinja2
 import numpy as np
 import torch
 
@@ -17,11 +18,12 @@ from ..hf.fingerprint import model_fingerprint
 from ..hf.loader import load_model, resolve_dtype
 from ..hf.model import context_window, eos_ids, rotary_module
 from ..plan.chunking import chunk_boundaries
-from ..plan.keys import fingerprint_from_parts
+from ..plan.keys import KeySpace
 from ..plan.matching import ReusePlan, plan_reuse
 from ..store.memory import ChunkStore
 from ..store.open import open_store, record_settings
 from .decode import DecodeObserver, Decoder
+from .inputs import check_documents, check_prompt, check_real
 from .prefill import PrefillRunner
 from .prompt_cache import store_prompt_chunks
 from .request import Request
@@ -81,21 +83,19 @@ class KVBoostRAG:
         self._token_texts: dict[int, str] = {}
         prefix_tokens = np.asarray(tokenizer(config.warm_prefix).input_ids if config.warm_prefix else [], np.int64)
         # Warmed chunks depend on how they were cut, encoded and kept too: their keys say so.
-        self.document_fingerprint = fingerprint_from_parts(
-            [
-                self.fingerprint,
-                prefix_tokens.tobytes(),
-                config.kv_quantization or "",
-                f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}",
-            ]
+        self.keys = KeySpace.derive(
+            self.fingerprint,
+            config.kv_quantization,
+            prefix_tokens.tobytes(),
+            f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}",
         )
+        self.document_fingerprint = self.keys.document
         self._warmer = Warmer(
             model,
             tokenizer,
             config,
             store,
-            self.fingerprint,
-            self.document_fingerprint,
+            self.keys,
             self.boundaries,
             self._model_lock,
             self.max_context,
@@ -139,10 +139,11 @@ class KVBoostRAG:
         A document already warm is skipped without any model work. `pin` keeps its chunks in
         memory whatever the budget asks.
         """
+        texts = check_documents(documents)  # all of them, before the store or the model is touched
         if not self._settings_recorded:
             record_settings(self.store, self.fingerprint, self.config)
             self._settings_recorded = True
-        return self._warmer.warm(documents, pin=pin)
+        return self._warmer.warm(texts, pin=pin)
 
     # generation --------------------------------------------------------------------------
     def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
@@ -179,16 +180,16 @@ class KVBoostRAG:
         much time has passed (finish_reason "timeout"); `observer` sees every decode step.
         """
         started = time.perf_counter()
-        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, list(stop or []))
+        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, stop)
         mode = self._check_mode(mode)
+        if timeout_s is not None and not check_real(timeout_s, "timeout_s") > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         tokens = self.tokenize_prompt(prompt)
         tokenize_s = time.perf_counter() - started
         if len(tokens) >= self.max_context:
             raise PromptTooLongError(
                 f"prompt has {len(tokens)} tokens; the context window of {self.name} is {self.max_context}"
             )
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         store_prompt = self.config.store_prompt_prefixes if store_prompt is None else store_prompt
         request = Request(
             tokens=tokens,
@@ -221,15 +222,15 @@ class KVBoostRAG:
         return prefill.logits, plan
 
     def tokenize_prompt(self, prompt: Prompt) -> np.ndarray:
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ValueError("prompt is empty")
-            ids = self.tokenizer(prompt).input_ids
+        """The prompt's token ids; a bad prompt is a TypeError or ValueError naming what is wrong."""
+        checked = check_prompt(prompt)
+        if isinstance(checked, str):
+            ids = self.tokenizer(checked).input_ids
         else:
-            messages = list(prompt)
-            if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-                raise ValueError("chat prompt must be a non-empty list of {'role': ..., 'content': ...} messages")
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            try:
+                text = self.tokenizer.apply_chat_template(checked, add_generation_prompt=True, tokenize=False)
+            except jinja2.TemplateError as error:  # e.g. a role or an order the template refuses
+                raise ValueError(f"the chat template of {self.name} refuses these messages: {error}") from None
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
         return np.asarray(ids, dtype=np.int64)
 
@@ -262,11 +263,12 @@ class KVBoostRAG:
         max_new = min(request.params.max_new_tokens, self.max_context - len(request.tokens))
         yield from self._decoder.run(request, max_new, observer)
         if request.store_prompt:
-            store_prompt_chunks(self.store, self.fingerprint, self.config.chunk_size, request)
+            store_prompt_chunks(self.store, self.keys, self.config.chunk_size, request)
         return _result(request)
 
     def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
-        return plan_reuse(tokens, boundaries, self.store, self.fingerprint, self.document_fingerprint, mode)
+        with self.store.serving():  # the plan's chunks are not evicted while it is made
+            return plan_reuse(tokens, boundaries, self.store, self.keys, mode)
 
     def _texts_of(self, tokens: np.ndarray) -> list[str]:
         missing = [int(t) for t in set(tokens.tolist()) if int(t) not in self._token_texts]

@@ -5,17 +5,20 @@ from __future__ import annotations
 import torch
 
 from ..hf.cache import gather_slots
-from ..plan.keys import Fingerprint, chained_prefix_hashes, content_hash
+from ..plan.keys import KeySpace, chained_prefix_hashes, content_hash
 from ..store.entry import ChunkEntry
 from ..store.memory import ChunkStore
 from .request import Request
 
 
-def store_prompt_chunks(store: ChunkStore, fingerprint: Fingerprint, chunk_size: int, request: Request) -> None:
-    """Store the chunks before `request.exact_end` that the plan did not already hit EXACT."""
+def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, request: Request) -> None:
+    """Store the chunks before `request.exact_end` that the plan did not already hit EXACT.
+
+    Their KV is dense and exact: they carry the model's fingerprint, under prefix hashes of this
+    engine's key space."""
     tokens, boundaries, plan = request.tokens, request.boundaries, request.plan
     assert plan is not None and request.slot_positions is not None
-    prefixes = chained_prefix_hashes(fingerprint, tokens, boundaries)
+    prefixes = chained_prefix_hashes(keys.stored_kv, tokens, boundaries)
     slot_of_position = torch.argsort(request.slot_positions)
     for i, (start, end) in enumerate(zip(boundaries[:-1], boundaries[1:])):
         if end > request.exact_end or end - start < chunk_size and end == len(tokens):
@@ -29,8 +32,8 @@ def store_prompt_chunks(store: ChunkStore, fingerprint: Fingerprint, chunk_size:
                 keys=keys,
                 values=values,
                 base_position=start,
-                fingerprint=fingerprint,
-                content_hash=content_hash(fingerprint, tokens[start:end]),
+                fingerprint=keys.model,
+                content_hash=content_hash(keys.model, tokens[start:end]),
                 prefix_hash=prefixes[i],
                 approximate_ok=False,
             )

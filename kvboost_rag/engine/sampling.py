@@ -7,31 +7,28 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .inputs import check_int, check_seed, check_stop, check_temperature, check_top_p
+
 
 @dataclass(slots=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off."""
+    """temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off; stop "" is an error."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # a str or None is taken too
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not self.temperature >= 0:  # also catches NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty strings")
+        """Every setting checked here, at construction, so a bad one fails before any model work."""
+        self.max_new_tokens = check_int(self.max_new_tokens, "max_new_tokens", 1)
+        self.temperature = check_temperature(self.temperature)
+        self.top_p = check_top_p(self.top_p)
+        self.top_k = check_int(self.top_k, "top_k", 0)
+        self.seed = check_seed(self.seed)
+        self.stop = check_stop(self.stop)
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         if self.temperature == 0:

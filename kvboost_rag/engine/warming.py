@@ -14,9 +14,10 @@ from ..config import EngineConfig
 from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.model import model_shape
 from ..ops.quantization import QuantizedTensor, quantize_keys, quantize_values
-from ..plan.keys import Fingerprint, chained_prefix_hashes, content_hash, document_hash
+from ..plan.keys import KeySpace, chained_prefix_hashes, content_hash, document_hash
 from ..store.entry import ChunkEntry, DocumentRecord, value_norm
 from ..store.memory import ChunkStore
+from .inputs import check_document
 from .result import WarmReport
 
 Boundaries = Callable[[np.ndarray], list[int]]
@@ -31,14 +32,13 @@ class Warmer:
         tokenizer: Any,
         config: EngineConfig,
         store: ChunkStore,
-        fingerprint: Fingerprint,
-        document_fingerprint: Fingerprint,
+        keys: KeySpace,
         boundaries: Boundaries,
         model_lock: threading.Lock,
         max_context: int,
     ) -> None:
         self.model, self.tokenizer, self.config, self.store = model, tokenizer, config, store
-        self.fingerprint, self.document_fingerprint = fingerprint, document_fingerprint
+        self.keys = keys
         self.boundaries = boundaries
         self.model_lock = model_lock
         self.max_context = max_context
@@ -57,27 +57,26 @@ class Warmer:
         tokenized = [self.document_tokens(i, text) for i, text in enumerate(texts)]
         report = WarmReport(documents=len(texts))
         for tokens in tokenized:
-            doc_key = document_hash(self.document_fingerprint, tokens)
-            if self.store.has_document(doc_key):
-                report.skipped_documents += 1
-            else:
-                report.chunks_stored += self.encode_document(doc_key, tokens)
-                report.tokens_encoded += len(tokens)
+            doc_key = document_hash(self.keys.document, tokens)
+            with self.store.serving():  # one document's chunks never evict each other
+                if self.store.has_document(doc_key):
+                    report.skipped_documents += 1
+                else:
+                    report.chunks_stored += self.encode_document(doc_key, tokens)
+                    report.tokens_encoded += len(tokens)
             if pin:
                 self.store.pin_document(doc_key)
         report.seconds = time.perf_counter() - started
         return report
 
     def document_tokens(self, index: int, text: Any) -> np.ndarray:
-        if not isinstance(text, str):
-            raise TypeError(f"document {index} is a {type(text).__name__}, expected str")
-        tokens = np.asarray(self.tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int64)
+        """The document's tokens, or an error naming it (`documents[index]`) before any model work."""
+        name = f"document {index} (documents[{index}])"
+        tokens = np.asarray(self.tokenizer(check_document(index, text), add_special_tokens=False).input_ids, np.int64)
         if len(tokens) == 0:
-            raise ValueError(f"document {index} is empty")
+            raise ValueError(f"document {index} is empty: documents[{index}] gives no tokens")
         if len(tokens) > self.max_context:
-            raise ValueError(
-                f"document {index} has {len(tokens)} tokens, over the context window of {self.max_context}"
-            )
+            raise ValueError(f"{name} has {len(tokens)} tokens, over the context window of {self.max_context}")
         return tokens
 
     def encode_document(self, doc_key: bytes, tokens: np.ndarray) -> int:
@@ -92,8 +91,8 @@ class Warmer:
         boundaries = self.boundaries(tokens)
         # NOTE: after a warm prefix the chunks' context is not the document alone, so they are
         # APPROXIMATE candidates only; without one, a prompt starting with the document hits EXACT.
-        prefixes = chained_prefix_hashes(self.fingerprint, tokens, boundaries) if start == 0 else None
-        fingerprint = self.document_fingerprint
+        prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, boundaries) if start == 0 else None
+        fingerprint = self.keys.document
         spans = list(zip(boundaries[:-1], boundaries[1:]))
         contents = [content_hash(fingerprint, tokens[s:e]) for s, e in spans]
         stored = 0

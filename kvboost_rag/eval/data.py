@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,17 +48,34 @@ def default_nq_path() -> Path:
 
 
 def read_records(path: str | os.PathLike[str]) -> list[Any]:
-    """The records of a jsonl file or a json list, gzipped or not."""
+    """The records of a jsonl file or a json list, gzipped or not.
+
+    A file that cannot be read as such (truncated or bad gzip, bytes that are not UTF-8, bad json)
+    is a ValueError naming the path and, for json lines, the line: never a bare EOFError.
+    """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        raw = handle.read()
     try:
-        if raw.lstrip().startswith("["):
+        with opener(path, "rt", encoding="utf-8") as handle:
+            raw = handle.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        reason = str(error) or type(error).__name__
+        raise ValueError(f"{path}: not a whole gzip file, truncated or corrupt ({reason})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    if raw.lstrip().startswith("["):
+        try:
             return json.loads(raw)
-        return [json.loads(line) for line in raw.splitlines() if line.strip()]
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not json lines or a json list ({error})") from error
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: line {error.lineno}: bad json list ({error.msg})") from None
+    records = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}: line {number}: not json ({error.msg}, column {error.colno})") from None
+    return records
 
 
 def load_qa(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[QAExample]:

@@ -82,6 +82,7 @@ TTFT: list[Column] = [
 STORE: list[Column] = [
     ("chunk format", get("format"), "{}"),
     ("bytes/token", get("bytes_per_token"), "{:,.0f}"),
+    ("timed chunk tokens", get("timed_chunk_tokens"), "{:.0f}"),
     ("ready from memory", get("load_memory_ms_per_chunk"), "{:.3f} ms"),
     ("from disk", get("load_disk_ms_per_chunk"), "{:.1f} ms"),
     ("recompute", get("recompute_ms_per_chunk"), "{:,.0f} ms"),

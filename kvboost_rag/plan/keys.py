@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NewType
 
 import numpy as np
@@ -71,3 +72,28 @@ def fingerprint_from_parts(parts: Sequence[str | bytes]) -> Fingerprint:
         h.update(part.encode() if isinstance(part, str) else part)
         h.update(b"\0")
     return Fingerprint(h.digest())
+
+
+@dataclass(slots=True, frozen=True)
+class KeySpace:
+    """The fingerprints that seed one engine's keys, so everything that changes stored KV is in
+    every key: a chunk kept in int4 can never be served as EXACT to an engine that keeps bf16.
+
+    `model`: model, weights, tokenizer, dtype and RoPE (prompt chunks carry it). `stored_kv`: the
+    model plus how KV is kept (quantization): it seeds prefix hashes. `document`: that plus how
+    documents are cut and encoded (chunking, warm prefix): it seeds content, window and document
+    keys of warmed chunks.
+    """
+
+    model: Fingerprint
+    stored_kv: Fingerprint
+    document: Fingerprint
+
+    @classmethod
+    def derive(cls, model: Fingerprint, quantization: str | None, warm_prefix: bytes, chunking: str) -> KeySpace:
+        stored_kv = fingerprint_from_parts([model, f"kv:{quantization or 'dense'}"])
+        return cls(model, stored_kv, fingerprint_from_parts([stored_kv, warm_prefix, chunking]))
+
+    def accepts(self, fingerprint: Fingerprint) -> bool:
+        """Whether an entry with this fingerprint was made the way this engine would make it."""
+        return fingerprint in (self.model, self.document)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 
 from ..config import Mode
-from .keys import ContentHash, Fingerprint, PrefixHash, WindowKey, chained_prefix_hashes, window_keys
+from .keys import ContentHash, Fingerprint, KeySpace, PrefixHash, WindowKey, chained_prefix_hashes, window_keys
 
 if TYPE_CHECKING:
     from ..store.entry import ChunkEntry
@@ -78,8 +78,7 @@ def plan_reuse(
     tokens: np.ndarray,
     boundaries: Sequence[int],
     store: ChunkLookup | None,
-    fingerprint: Fingerprint,
-    document_fingerprint: Fingerprint,
+    keys: KeySpace,
     mode: Mode,
 ) -> ReusePlan:
     """The segments covering all of `tokens`; the last token is always computed (its logits)."""
@@ -87,10 +86,10 @@ def plan_reuse(
     cached: list[Segment] = []
     exact_chunks = 0
     if mode != "full" and store is not None:
-        cached, exact_chunks = _exact_segments(tokens, boundaries, store, fingerprint)
+        cached, exact_chunks = _exact_segments(tokens, boundaries, store, keys)
         if mode == "reuse":
             start = cached[-1].end if cached else 0
-            cached += _approximate_segments(tokens, start, store, document_fingerprint)
+            cached += _approximate_segments(tokens, start, store, keys.document)
     cached = _leave_last_token(cached, n)
     if store is not None:
         store.mark_used(s.entry for s in cached if s.kind == "approximate" and s.entry is not None)
@@ -101,14 +100,20 @@ def plan_reuse(
 
 
 def _exact_segments(
-    tokens: np.ndarray, boundaries: Sequence[int], store: ChunkLookup, fingerprint: Fingerprint
+    tokens: np.ndarray, boundaries: Sequence[int], store: ChunkLookup, keys: KeySpace
 ) -> tuple[list[Segment], int]:
     segments: list[Segment] = []
-    hashes = chained_prefix_hashes(fingerprint, tokens, boundaries)
+    hashes = chained_prefix_hashes(keys.stored_kv, tokens, boundaries)
     for (start, end), key in zip(zip(boundaries[:-1], boundaries[1:]), hashes):
         entry = store.get_exact(key)
-        # NOTE: the token comparison means a hash collision can never serve a wrong chunk.
-        if entry is None or entry.base_position != start or not np.array_equal(entry.tokens, tokens[start:end]):
+        # NOTE: the fingerprint and token comparisons mean a hash collision can never serve a wrong
+        # chunk, nor one made another way (another quantization, another model).
+        if (
+            entry is None
+            or not keys.accepts(entry.fingerprint)
+            or entry.base_position != start
+            or not np.array_equal(entry.tokens, tokens[start:end])
+        ):
             break
         segments.append(Segment(start, end, "exact", entry, 0))
     return segments, len(segments)
@@ -128,6 +133,8 @@ def _approximate_segments(
     while i - start < len(keys):
         best: list[Segment] = []
         for entry, offset in store.window_candidates(keys[i - start]):
+            if entry.fingerprint != fingerprint:
+                continue  # an 8-byte window key collided with another key space's
             run = _extend_match(tokens, i, entry, offset, covered, store)
             if sum(map(len, run)) > sum(map(len, best)):
                 best = run
@@ -160,7 +167,9 @@ def _extend_match(
         start += length
         if entry_offset + length < len(current) or current.next_chunk is None:
             break
-        current, entry_offset = store.get_content(current.next_chunk), 0
+        following = store.get_content(current.next_chunk)
+        current = following if following is not None and following.fingerprint == current.fingerprint else None
+        entry_offset = 0
     return run
 
 

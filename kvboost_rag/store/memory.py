@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import heapq
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from ..plan.keys import ContentHash, PrefixHash, WindowKey, window_keys
 from .entry import ChunkEntry, DocumentRecord, value_norm
 from .eviction import EvictionWeights, Usage, keep_score
 from .tier import ChunkTier
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -28,6 +34,10 @@ class StoreStats:
     documents: int
     evictions: int
     pinned: int
+
+
+# The request this thread is serving, per store: (store id, request number).
+_SERVING: ContextVar[tuple[int, int] | None] = ContextVar("kvboost_serving", default=None)
 
 
 class ChunkStore:
@@ -48,7 +58,10 @@ class ChunkStore:
         self._entries: dict[int, ChunkEntry] = {}
         self._usage: dict[int, Usage] = {}
         self._heap: list[tuple[float, int]] = []  # (keep score, id); stale pairs are skipped
-        self._clock = 0
+        self._requests = 0  # the request clock: recency is counted in requests
+        self._active: set[int] = set()  # requests being served: their chunks are not evicted
+        self._warned_budget = False
+        self.tier_errors = 0  # tier calls that failed and were served without the tier
         self._norm_total, self._norm_count = 0.0, 0
         self._by_prefix: dict[PrefixHash, int] = {}
         self._by_content: dict[ContentHash, int] = {}
@@ -71,7 +84,10 @@ class ChunkStore:
 
     def _from_tiers(self, lookup: Callable[[ChunkTier], ChunkEntry | None]) -> ChunkEntry | None:
         """A memory miss looked up in each tier in order; a hit is kept in memory."""
-        found = next((hit for tier in self.tiers if (hit := lookup(tier)) is not None), None)
+        found = next(
+            (hit for t in self.tiers if (hit := self._safely(t, "lookup", lambda: lookup(t), None)) is not None),
+            None,
+        )
         if found is not None:
             self._put_memory(found)
         return found
@@ -79,12 +95,18 @@ class ChunkStore:
     def prefetch(self, keys: list[WindowKey]) -> None:
         """Bring chunks holding any of these windows from the tiers into memory (one batched
         query per tier)."""
+        with self._lock:
+            missing = []
+            for key in keys:
+                postings = self._by_window.get(key)
+                if postings is None:
+                    missing.append(key)
+                for entry_id, _ in postings or ():
+                    self._touch(entry_id, hit=False)  # a candidate of this request: kept while it runs
         if not self.tiers:
             return
-        with self._lock:
-            missing = [key for key in keys if key not in self._by_window]
         for tier in self.tiers:
-            for content in tier.window_hits(missing):
+            for content in self._safely(tier, "window lookup", lambda: tier.window_hits(missing), []):
                 self.get_content(content)
 
     def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]:
@@ -99,7 +121,7 @@ class ChunkStore:
                 self._touch(self._by_content.get(key))
         if used:
             for tier in self.tiers:
-                tier.touch(used)
+                self._safely(tier, "recording use", lambda: tier.touch(used), None)
 
     def pin(self, key: ContentHash, pinned: bool = True) -> bool:
         """Keep (or stop keeping) a chunk whatever the budget asks; False if it is not stored."""
@@ -116,7 +138,7 @@ class ChunkStore:
         with self._lock:
             chunks = self._documents.get(doc_key)
             in_memory = chunks is not None and all(self.pin(chunk, pinned) for chunk in chunks)
-        in_tiers = [tier.pin_document(doc_key, pinned) for tier in self.tiers]
+        in_tiers = [self._safely(t, "pinning", lambda: t.pin_document(doc_key, pinned), False) for t in self.tiers]
         return in_memory or any(in_tiers)
 
     def has_document(self, doc_key: bytes) -> bool:
@@ -125,13 +147,14 @@ class ChunkStore:
             chunks = self._documents.get(doc_key)
             if chunks is not None and all(c in self._by_content for c in chunks):
                 return True
-        return any(tier.has_document(doc_key) for tier in self.tiers)
+        return any(self._safely(t, "document lookup", lambda: t.has_document(doc_key), False) for t in self.tiers)
 
     # writes ------------------------------------------------------------------------------
     def put(self, entry: ChunkEntry) -> bool:
         """Store an entry (document chunks in every tier too); False when it was there already or
         fits nowhere."""
-        in_tiers = [tier.put(entry) for tier in self.tiers] if entry.approximate_ok else []
+        tiers = self.tiers if entry.approximate_ok else []
+        in_tiers = [self._safely(t, "storing a chunk", lambda: t.put(entry), False) for t in tiers]
         return self._put_memory(entry) or any(in_tiers)
 
     def _put_memory(self, entry: ChunkEntry) -> bool:
@@ -155,8 +178,7 @@ class ChunkStore:
             self._next_id += 1
             self._entries[entry_id] = entry
             self._bytes += entry.nbytes
-            self._clock += 1
-            self._usage[entry_id] = Usage(self._clock, self._relative_importance(entry))
+            self._usage[entry_id] = Usage(self._now(), self._relative_importance(entry))
             self._push(entry_id)
             if entry.prefix_hash is not None:
                 self._by_prefix.setdefault(entry.prefix_hash, entry_id)
@@ -167,8 +189,8 @@ class ChunkStore:
                 for offset, key in zip(range(0, len(keys), self.match_window), entry.window_keys):
                     self._by_window.setdefault(key, []).append((entry_id, offset))
             self._evict_to(self.budget_bytes, keep=entry_id)
-            if self._bytes > self.budget_bytes:  # only pinned chunks are left to evict
-                self._remove(entry_id)
+            if self._bytes > self.budget_bytes and not self._protected(self._usage[entry_id]):
+                self._remove(entry_id)  # only pinned or in-use chunks are left to evict
                 return False
             return True
 
@@ -177,7 +199,27 @@ class ChunkStore:
         with self._lock:
             self._documents[record.doc_key] = list(record.chunks)
         for tier in self.tiers:
-            tier.put_document(record)
+            # NOTE: recorded only where every chunk is: a tier that failed to store one (a full
+            # disk) keeps no document that would claim to be complete.
+            if self._safely(tier, "storing a document", lambda: self._holds_all(tier, record), False):
+                self._safely(tier, "storing a document", lambda: tier.put_document(record), None)
+
+    def _holds_all(self, tier: ChunkTier, record: DocumentRecord) -> bool:
+        return all(tier.contains(chunk) for chunk in record.chunks)
+
+    def _safely(self, tier: ChunkTier, what: str, call: Callable[[], T], default: T) -> T:
+        """A tier call whose failure (a full disk, a broken index, a lost connection) is a warning
+        and a miss: the cache is optional, so it never fails a request."""
+        try:
+            return call()
+        except Exception as error:  # noqa: BLE001 - any store error becomes a recompute
+            with self._lock:
+                self.tier_errors += 1
+            warnings.warn(
+                f"kvboost-rag: {what} in {tier!r} failed ({type(error).__name__}: {error}); served without it",
+                stacklevel=3,
+            )
+            return default
 
     # bookkeeping -------------------------------------------------------------------------
     def stats(self) -> StoreStats:
@@ -195,14 +237,42 @@ class ChunkStore:
         self._norm_count += 1
         return norm / (self._norm_total / self._norm_count) if self._norm_total > 0 else 1.0
 
-    def _touch(self, entry_id: int | None) -> ChunkEntry | None:
+    def _touch(self, entry_id: int | None, hit: bool = True) -> ChunkEntry | None:
         if entry_id is None:
             return None
-        self._clock += 1
         usage = self._usage[entry_id]
-        usage.last_access, usage.hits = self._clock, usage.hits + 1
+        usage.last_request, usage.hits = self._now(), usage.hits + hit
         self._push(entry_id)
         return self._entries[entry_id]
+
+    # requests ----------------------------------------------------------------------------
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """The lookups of one request: no chunk it uses is evicted until it ends, and it ticks the
+        request clock that recency is counted in. Past its end, the budget is enforced again."""
+        with self._lock:
+            self._requests += 1
+            request = self._requests
+            self._active.add(request)
+        token = _SERVING.set((id(self), request))
+        try:
+            yield
+        finally:
+            _SERVING.reset(token)
+            with self._lock:
+                self._active.discard(request)
+                self._evict_to(self.budget_bytes)
+
+    def _now(self) -> int:
+        """The request in progress; outside one, each access counts as a request of its own."""
+        serving = _SERVING.get()
+        if serving is not None and serving[0] == id(self):
+            return serving[1]
+        self._requests += 1
+        return self._requests
+
+    def _protected(self, usage: Usage) -> bool:
+        return usage.pinned or usage.last_request in self._active
 
     def _push(self, entry_id: int) -> None:
         heapq.heappush(self._heap, (keep_score(self._usage[entry_id], self.weights), entry_id))
@@ -217,13 +287,23 @@ class ChunkStore:
             usage = self._usage.get(entry_id)
             if usage is None or score != keep_score(usage, self.weights):
                 continue  # stale: evicted already, or re-scored since
-            if usage.pinned or entry_id == keep:
+            if self._protected(usage) or entry_id == keep:
                 held.append((score, entry_id))
                 continue
             self._remove(entry_id)
             self._evictions += 1
         for pair in held:
             heapq.heappush(self._heap, pair)
+        if self._bytes > budget and not self._warned_budget and any(
+            not self._usage[i].pinned and self._usage[i].last_request in self._active for _, i in held
+        ):
+            self._warned_budget = True
+            warnings.warn(
+                f"memory_budget_bytes={self.budget_bytes} is smaller than the chunks one request uses "
+                f"({self._bytes} bytes held): they are kept until it ends, then evicted; raise the budget "
+                "to keep reusing them",
+                stacklevel=2,
+            )
 
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)

@@ -17,6 +17,7 @@ import torch
 from kvboost_rag.plan.chunking import fixed_boundaries
 from kvboost_rag.plan.keys import (
     Fingerprint,
+    KeySpace,
     chained_prefix_hashes,
     content_hash,
     document_hash,
@@ -42,6 +43,8 @@ class FakeDocument:
 class Fakes:
     model_fp: Fingerprint = MODEL_FP
     doc_fp: Fingerprint = DOC_FP
+    # fake documents' prefix hashes are seeded with the model fingerprint itself
+    keys: KeySpace = KeySpace(MODEL_FP, MODEL_FP, DOC_FP)
 
     def __init__(self) -> None:
         self._generator = torch.Generator().manual_seed(0)

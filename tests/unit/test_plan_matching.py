@@ -26,7 +26,7 @@ def store_of(*documents, window: int = WINDOW) -> ChunkStore:
 
 
 def plan(fakes, tokens: np.ndarray, store, mode: str = "reuse", chunk: int = CHUNK):
-    return plan_reuse(tokens, fixed_boundaries(len(tokens), chunk), store, fakes.model_fp, fakes.doc_fp, mode)
+    return plan_reuse(tokens, fixed_boundaries(len(tokens), chunk), store, fakes.keys, mode)
 
 
 def covered(plan_, kind: str = "approximate") -> list[int]:

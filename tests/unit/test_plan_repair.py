@@ -118,7 +118,7 @@ def test_boundary_repair_on_a_planned_prompt(fakes, plan_checker) -> None:
         for e in d.entries:
             store.put(e)
     prompt = np.concatenate([fakes.filler(7), a.tokens, b.tokens, fakes.filler(3)])
-    plan = plan_reuse(prompt, fixed_boundaries(len(prompt), 16), store, fakes.model_fp, fakes.doc_fp, "reuse")
+    plan = plan_reuse(prompt, fixed_boundaries(len(prompt), 16), store, fakes.keys, "reuse")
     assert reused_runs(plan) == [(7, 47), (47, 67)]
     positions = boundary_positions(plan, head=4, tail=0)
     assert positions == {7, 8, 9, 10, 47, 48, 49, 50}

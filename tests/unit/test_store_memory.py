@@ -91,9 +91,9 @@ def test_an_entry_holds_kv_for_each_of_its_tokens(fakes) -> None:
 
 def test_keep_score_is_recency_plus_weighted_hits_and_importance() -> None:
     weights = EvictionWeights(hit_weight=64, importance_weight=32)
-    assert keep_score(Usage(last_access=10, importance=1.0), weights) == 10
-    assert keep_score(Usage(last_access=10, importance=1.5, hits=3), weights) == 10 + 64 * 2 + 32 * 0.5
-    assert keep_score(Usage(last_access=10, importance=0.5, hits=1), weights) == 10 + 64 - 16
+    assert keep_score(Usage(last_request=10, importance=1.0), weights) == 10
+    assert keep_score(Usage(last_request=10, importance=1.5, hits=3), weights) == 10 + 64 * 2 + 32 * 0.5
+    assert keep_score(Usage(last_request=10, importance=0.5, hits=1), weights) == 10 + 64 - 16
 
 
 def entries_of(fakes, count: int, **kwargs) -> list[ChunkEntry]:
@@ -211,7 +211,7 @@ def test_a_document_chunk_is_indexed_even_when_its_prefix_was_stored_from_a_prom
         store.put(e)
     store.add_document(document.record)
     prompt = np.concatenate([fakes.filler(5), document.tokens, fakes.filler(5)])
-    plan = plan_reuse(prompt, fixed_boundaries(len(prompt), 16), store, fakes.model_fp, fakes.doc_fp, "reuse")
+    plan = plan_reuse(prompt, fixed_boundaries(len(prompt), 16), store, fakes.keys, "reuse")
     plan_checker(plan, prompt)
     assert store.has_document(document.record.doc_key), "warming again would redo all its model work"
     assert plan.tokens("approximate") == 32, "the document moved to offset 5 is found"
@@ -263,7 +263,7 @@ def test_prefetch_brings_chunks_holding_the_windows_from_the_tier(fakes, tmp_pat
     store.prefetch(window_keys(fakes.doc_fp, a.tokens[16:32], WINDOW))
     assert [e.content_hash for e in store] == [a.entries[1].content_hash]
     prompt = np.concatenate([fakes.filler(6), b.tokens, fakes.filler(3), a.tokens, fakes.filler(2)])
-    plan = plan_reuse(prompt, fixed_boundaries(len(prompt), 16), store, fakes.model_fp, fakes.doc_fp, "reuse")
+    plan = plan_reuse(prompt, fixed_boundaries(len(prompt), 16), store, fakes.keys, "reuse")
     assert plan.tokens("approximate") == 64
     assert store.stats().entries == 5
     disk.close()
