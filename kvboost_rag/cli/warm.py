@@ -49,6 +49,9 @@ def warm(
     quantization: Annotated[str | None, typer.Option(help="int8 or int4 (default: none)")] = None,
     warm_prefix: Annotated[str, typer.Option(help="text encoded before each document, not kept")] = "",
     memory_budget: Annotated[str, typer.Option(help="memory for chunks while warming")] = "1GiB",
+    disk_budget: Annotated[
+        str | None, typer.Option(help="the most the store may hold, e.g. 20GiB (least recently used go first)")
+    ] = None,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
 ) -> None:
     """Pre-warm documents into the persistent chunk store. Idempotent and resumable: documents
@@ -73,6 +76,7 @@ def warm(
             kv_quantization=quantization,
             warm_prefix=warm_prefix,
             memory_budget_bytes=parse_bytes(memory_budget),
+            disk_budget_bytes=parse_bytes(disk_budget) if disk_budget else None,
             store=str(store_dir(store)),
         )
     except (ValueError, FileNotFoundError) as error:

@@ -25,12 +25,12 @@ def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, requ
             break  # NOTE: a partial last chunk would never be hit: the next prompt's differs
         if i < plan.exact_chunks:
             continue
-        keys, values = gather_slots(request.cache, slot_of_position[start:end])
+        chunk_keys, chunk_values = gather_slots(request.cache, slot_of_position[start:end])
         store.put(
             ChunkEntry(
                 tokens=tokens[start:end].copy(),
-                keys=keys,
-                values=values,
+                keys=chunk_keys,
+                values=chunk_values,
                 base_position=start,
                 fingerprint=keys.model,
                 content_hash=content_hash(keys.model, tokens[start:end]),

@@ -67,22 +67,34 @@ class ModelStats:
 class DiskIndex:
     """Thread-safe within a process (one connection behind a lock); SQLite serializes processes."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, read_only: bool = False) -> None:
+        """`read_only` opens an index that cannot be written (a read-only mount): lookups only."""
         self.path = path
+        self.read_only = read_only
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(path, timeout=60, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        with self._db:
+        if read_only and not path.exists():
+            self._db = sqlite3.connect(":memory:", check_same_thread=False)  # nothing stored: an empty index
             self._db.executescript(SCHEMA)
+            version = None
+        elif read_only:
+            # NOTE: immutable: a WAL database on a read-only mount cannot create its -shm file.
+            uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
             version = self.meta("schema_version")
-            if version is None:
-                # NOTE: a store from before the schema was recorded (v1) had the same tables and
-                # was always indexed with the default window of 16 tokens.
-                has_rows = self._db.execute("SELECT 1 FROM entries LIMIT 1").fetchone() is not None
-                self._set_meta("schema_version", str(SCHEMA_VERSION))
-                if has_rows:
-                    self._set_meta("match_window", "16")
+        else:
+            self._db = sqlite3.connect(path, timeout=60, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._db:
+                self._db.executescript(SCHEMA)
+                version = self.meta("schema_version")
+                if version is None:
+                    # NOTE: a store from before the schema was recorded (v1) had the same tables and
+                    # was always indexed with the default window of 16 tokens.
+                    has_rows = self._db.execute("SELECT 1 FROM entries LIMIT 1").fetchone() is not None
+                    self._set_meta("schema_version", str(SCHEMA_VERSION))
+                    if has_rows:
+                        self._set_meta("match_window", "16")
         if version is not None and int(version) > SCHEMA_VERSION:
             self._db.close()
             raise StoreVersionError(
@@ -99,6 +111,12 @@ class DiskIndex:
             row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
         return row[0] if row else None
 
+    def integrity_errors(self) -> list[str]:
+        """What SQLite's own check finds wrong with the database file (empty when it is whole)."""
+        with self._lock:
+            rows = [row[0] for row in self._db.execute("PRAGMA integrity_check")]
+        return [] if rows == ["ok"] else rows
+
     def _set_meta(self, name: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
 
@@ -106,7 +124,7 @@ class DiskIndex:
         """The store's window: the recorded one, or `window` recorded now for a new store."""
         with self._lock, self._db:
             recorded = self.meta("match_window")
-            if recorded is None:
+            if recorded is None and not self.read_only:
                 self._set_meta("match_window", str(window))
                 return window
             return int(recorded)

@@ -49,12 +49,14 @@ class DiskStore:
         new one)."""
         self.root = Path(root).expanduser()
         self.device = torch.device(device)
-        self.budget_bytes = budget_bytes  # enforced after each document, by prune
-        (self.root / "kv").mkdir(parents=True, exist_ok=True)
-        self.index = DiskIndex(self.root / INDEX_FILE)
+        self.budget_bytes = budget_bytes  # enforced before each chunk is written
+        self.read_only = not _writable(self.root)
+        if self.read_only:
+            warnings.warn(f"chunk store {self.root} cannot be written: opened read-only (lookups only)", stacklevel=2)
+        self.index = DiskIndex(self.root / INDEX_FILE, read_only=self.read_only)
         self._recorded_window = self.index.meta("match_window")
         self.window = self.index.claim_match_window(match_window or 16)
-        self._written_since_check = 0
+        self._stored_bytes: int | None = None  # the index's total, kept current between scans
 
     def close(self) -> None:
         self.index.close()
@@ -68,7 +70,8 @@ class DiskStore:
         return self.index.recorded_settings(model)
 
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
-        self.index.record_settings(model, settings)
+        if not self.read_only:
+            self.index.record_settings(model, settings)
 
     # chunks ------------------------------------------------------------------------------
     def contains(self, key: ContentHash) -> bool:
@@ -81,12 +84,15 @@ class DiskStore:
         return self._load(self.index.entry("prefix_hash", key))
 
     def put(self, entry: ChunkEntry) -> bool:
-        """Persist a document chunk; False when it is there already."""
-        if self.index.contains(entry.content_hash):
+        """Persist a document chunk; False when it is there already, the store is read-only, or
+        the chunk does not fit the budget even after pruning."""
+        if self.read_only or self.index.contains(entry.content_hash):
             return False
         name = entry.content_hash.hex()
         path = self.root / "kv" / name[:2] / f"{name}.safetensors"
         data = serialize(entry)
+        if not self._make_room(len(data)):
+            return False
         write_atomically(path, data)
         keys = window_keys(entry.fingerprint, entry.tokens, self.window)[:: self.window]
         row = EntryRow(
@@ -100,10 +106,13 @@ class DiskStore:
             str(path.relative_to(self.root)),
         )
         inserted = self.index.insert(row, len(data), [(key, i * self.window) for i, key in enumerate(keys)])
-        self._written_since_check += len(data) if inserted else 0
+        if inserted and self._stored_bytes is not None:
+            self._stored_bytes += len(data)
         return inserted
 
     def remove(self, key: ContentHash) -> None:
+        if self.read_only:
+            return
         file = self.index.delete(key)
         if file is not None:
             (self.root / file).unlink(missing_ok=True)
@@ -113,16 +122,13 @@ class DiskStore:
         return self.index.window_hits(keys)
 
     def touch(self, keys: Iterable[ContentHash]) -> None:
-        """Record use, for eviction (least recently used first)."""
-        self.index.touch(keys)
+        """Record use, for eviction (least recently used first); skipped when read-only."""
+        if not self.read_only:
+            self.index.touch(keys)
 
     def put_document(self, record: DocumentRecord) -> None:
-        self.index.put_document(record)
-        if self.budget_bytes is not None and self._written_since_check >= self.budget_bytes // 20:
-            # NOTE: summing the index costs a scan, so it runs once per 5% of the budget written.
-            self._written_since_check = 0
-            if self.total_bytes() > self.budget_bytes:
-                self.prune(int(self.budget_bytes * 0.9))
+        if not self.read_only:
+            self.index.put_document(record)
 
     def has_document(self, doc_key: bytes) -> bool:
         chunks = self.index.document_chunks(doc_key)
@@ -130,7 +136,7 @@ class DiskStore:
 
     def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
         chunks = self.index.document_chunks(doc_key)
-        if chunks is None:
+        if chunks is None or self.read_only:
             return False
         self.index.set_pinned(chunks, pinned)
         return True
@@ -160,6 +166,8 @@ class DiskStore:
 
     def prune(self, budget_bytes: int) -> int:
         """Evict least recently used, unpinned chunks until the store fits the budget."""
+        if self.read_only:
+            return 0
         evicted = 0
         total = self.total_bytes()
         for key, size in self.index.eviction_order():
@@ -168,7 +176,22 @@ class DiskStore:
             self.remove(ContentHash(key))
             total -= size
             evicted += 1
+        self._stored_bytes = total
         return evicted
+
+    def _make_room(self, size: int) -> bool:
+        """Whether `size` more bytes fit the budget, pruning least recently used chunks for them."""
+        if self.budget_bytes is None:
+            return True
+        if self._stored_bytes is None:
+            self._stored_bytes = self.total_bytes()  # NOTE: one scan; kept current from then on
+        if self._stored_bytes + size > self.budget_bytes:
+            # NOTE: down to 90%, so the scan that ranks chunks runs once per tenth of the budget.
+            self.prune(min(self.budget_bytes - size, int(self.budget_bytes * 0.9)))
+        if self._stored_bytes + size > self.budget_bytes:
+            warnings.warn(f"chunk store {self.root}: a {size}-byte chunk does not fit its budget; not stored")
+            return False
+        return True
 
     # internals ---------------------------------------------------------------------------
     def _load(self, row: EntryRow | None) -> ChunkEntry | None:
@@ -192,3 +215,17 @@ class DiskStore:
             next_chunk=ContentHash(bytes(row.next_chunk)) if row.next_chunk is not None else None,
             importance=row.importance,
         )
+
+
+def _writable(root: Path) -> bool:
+    """Whether files can be created under `root` (created if missing). A probe file, since
+    permissions alone do not tell: root ignores them, and a read-only mount refuses everyone."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "kv").mkdir(exist_ok=True)
+        probe = root / f".probe-{os.getpid()}-{time.monotonic_ns()}"
+        probe.touch()
+        probe.unlink()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,127 @@
+"""Faults in the store never break a request nor serve wrong KV: each answer equals full prefill's."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvboost_rag import ChunkStore, EngineConfig, ExactnessConfig, KVBoostRAG
+from kvboost_rag.store.disk import DiskStore
+
+
+def tiny(model_dir: Path, store: str | Path, **options: object) -> KVBoostRAG:
+    return KVBoostRAG.from_pretrained(model_dir, dtype="float32", store=str(store), **options)
+
+
+def prompt_of(documents: list[str]) -> str:
+    return "\n\n".join(reversed(documents)) + "\n\nQuestion: what do these say?\nAnswer:"
+
+
+# Every token read from moved KV verified on exact KV: whatever the store serves or fails to
+# serve, the answer must be full prefill's to the token.
+VERIFIED = ExactnessConfig(verify_margin=1.0, refresh=False)
+
+
+def assert_answers_as_full_prefill(engine: KVBoostRAG, prompt: str) -> None:
+    full = engine.generate(prompt, mode="full", max_new_tokens=6, store_prompt=False)
+    served = engine.generate(prompt, exactness=VERIFIED, max_new_tokens=6)
+    assert served.token_ids == full.token_ids
+
+
+@contextlib.contextmanager
+def mounted(*args: str) -> Iterator[None]:
+    """A mount for the test's duration; skipped where this process may not mount (not root)."""
+    target = args[-1]
+    if subprocess.run(["mount", *args], capture_output=True).returncode != 0:
+        pytest.skip("mount is not permitted here")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", target], capture_output=True)
+
+
+def test_int4_chunks_are_never_exact_hits_of_an_unquantized_engine(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    """Prefix hashes hold the quantization: a prompt that starts with an int4-warmed document
+    finds no EXACT chunk in an engine that keeps dense KV, even on the very same store."""
+    disk = DiskStore(tmp_path / "store")
+    shared = ChunkStore(2**30, 16, tiers=[disk])
+    quantized = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", store="memory", kv_quantization="int4")
+    int4 = KVBoostRAG(quantized.model, quantized.tokenizer, EngineConfig(kv_quantization="int4"), store=shared)
+    int4.warm(passages[:2])
+    plain = KVBoostRAG(quantized.model, quantized.tokenizer, EngineConfig(), store=shared)
+    prompt = passages[0] + "\n\nQuestion: who?"
+    result = plain.generate(prompt, max_new_tokens=4, store_prompt=False)
+    assert result.reused_exact_tokens == 0 and result.reused_approximate_tokens == 0
+    assert int4.generate(prompt, max_new_tokens=1, store_prompt=False).reused_exact_tokens > 0, "its own are found"
+    full = plain.generate(prompt, mode="full", max_new_tokens=4, store_prompt=False)
+    assert result.token_ids == full.token_ids
+
+
+def test_a_read_only_store_serves_lookups(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    source, view = tmp_path / "store", tmp_path / "read-only"
+    tiny(tiny_model_dir, source).warm(passages[:3])
+    view.mkdir()
+    with mounted("--bind", str(source), str(view)), mounted("-o", "remount,bind,ro", str(view)):
+        with pytest.warns(UserWarning, match="read-only"):
+            engine = tiny(tiny_model_dir, view)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no store error: writes are skipped, not attempted
+            result = engine.generate(prompt_of(passages[:3]), max_new_tokens=4)
+            assert result.reused_approximate_tokens > 0
+            assert engine.warm(passages[3:5]).documents == 2  # encoded, kept in memory only
+        stats = subprocess.run(
+            [sys.executable, "-m", "kvboost_rag.cli", "cache", "stats", "--store", str(view)],
+            capture_output=True,
+            text=True,
+        )
+        assert stats.returncode == 0 and "(empty)" not in stats.stdout
+
+
+def test_a_full_disk_is_a_warning_and_leaves_no_partial_file(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    store = tmp_path / "small"
+    store.mkdir()
+    with mounted("-t", "tmpfs", "-o", "size=400k", "tmpfs", str(store)):
+        engine = tiny(tiny_model_dir, store)
+        with pytest.warns(UserWarning, match="failed"):
+            report = engine.warm(passages[:12])  # far more than 400 KB of chunks
+        assert report.documents == 12
+        assert not list(store.rglob("*.tmp")), "a failed write removes its temporary file"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the index's LRU updates may fail too: warnings only
+            assert_answers_as_full_prefill(engine, prompt_of(passages[:4]))
+            fresh = tiny(tiny_model_dir, store)
+            assert_answers_as_full_prefill(fresh, prompt_of(passages[:4]))
+
+
+def test_a_corrupted_index_never_fails_a_request(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    store = tmp_path / "store"
+    tiny(tiny_model_dir, store).warm(passages[:6])
+    index = store / "index.sqlite"
+    reader = tiny(tiny_model_dir, store)
+    data = bytearray(index.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = b"\xff" * min(4096, len(data) - middle)
+    index.write_bytes(bytes(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(3):
+            assert_answers_as_full_prefill(reader, prompt_of(passages[i : i + 3]))
+
+
+def test_the_disk_budget_holds_chunk_by_chunk(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    probe = tiny(tiny_model_dir, tmp_path / "probe")
+    probe.warm(passages[:2])
+    two_documents = DiskStore(tmp_path / "probe").total_bytes()
+    engine = tiny(tiny_model_dir, tmp_path / "store", disk_budget_bytes=two_documents)
+    engine.warm(passages[:10])
+    assert DiskStore(tmp_path / "store").total_bytes() <= two_documents
