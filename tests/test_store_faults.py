@@ -46,6 +46,15 @@ def mounted(*args: str) -> Iterator[None]:
         subprocess.run(["umount", "-l", target], capture_output=True)
 
 
+def overwrite_middle(index: Path) -> None:
+    """4 KB of the index file overwritten, where its pages of rows and keys are."""
+    data = bytearray(index.read_bytes())
+    assert len(data) > 12 * 1024, "the index holds enough pages to damage one in the middle"
+    middle = len(data) // 2
+    data[middle : middle + 4096] = b"\xff" * 4096
+    index.write_bytes(bytes(data))
+
+
 def test_int4_chunks_are_never_exact_hits_of_an_unquantized_engine(
     tiny_model_dir: Path, tmp_path: Path, passages: list[str]
 ) -> None:
@@ -105,13 +114,11 @@ def test_a_full_disk_is_a_warning_and_leaves_no_partial_file(
 
 def test_a_corrupted_index_never_fails_a_request(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
     store = tmp_path / "store"
-    tiny(tiny_model_dir, store).warm(passages[:6])
-    index = store / "index.sqlite"
+    writer = tiny(tiny_model_dir, store)
+    writer.warm(passages[:6])
+    writer.store.tiers[0].close()
     reader = tiny(tiny_model_dir, store)
-    data = bytearray(index.read_bytes())
-    middle = len(data) // 2
-    data[middle : middle + 4096] = b"\xff" * min(4096, len(data) - middle)
-    index.write_bytes(bytes(data))
+    overwrite_middle(store / "index.sqlite")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for i in range(3):
@@ -125,3 +132,32 @@ def test_the_disk_budget_holds_chunk_by_chunk(tiny_model_dir: Path, tmp_path: Pa
     engine = tiny(tiny_model_dir, tmp_path / "store", disk_budget_bytes=two_documents)
     engine.warm(passages[:10])
     assert DiskStore(tmp_path / "store").total_bytes() <= two_documents
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvboost_rag.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("damage", ["overwritten", "deleted"])
+def test_cache_verify_rebuilds_a_damaged_index(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str], damage: str
+) -> None:
+    store = tmp_path / "store"
+    writer = tiny(tiny_model_dir, store, chunk_size=64)
+    writer.warm(passages[:6])
+    writer.store.tiers[0].close()  # the last connection checkpoints the WAL into the index file
+    chunks = DiskStore(store).stats()[0].chunks
+    if damage == "deleted":
+        for suffix in ("", "-wal", "-shm"):
+            (store / f"index.sqlite{suffix}").unlink(missing_ok=True)
+    else:
+        overwrite_middle(store / "index.sqlite")
+    verify = cli("cache", "verify", "--store", str(store))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert f"rebuilt {chunks} chunks and 6 documents" in verify.stdout
+    assert "0 dropped" in verify.stdout and "Traceback" not in verify.stderr
+    reader = tiny(tiny_model_dir, store)  # the rebuilt store keeps its settings: chunk_size adopted
+    assert reader.config.chunk_size == 64
+    assert reader.warm(passages[:6]).skipped_documents == 6, "every document is known again"
+    assert_answers_as_full_prefill(reader, prompt_of(passages[:3]))
+    assert cli("cache", "stats", "--store", str(store)).returncode == 0

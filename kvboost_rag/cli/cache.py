@@ -11,9 +11,16 @@ from .sizes import parse_bytes
 
 
 def _open(store: str | None):  # noqa: ANN202 - DiskStore, imported lazily (it loads torch)
+    """The store, or a clear message and exit code 1 where its index cannot be read."""
+    import sqlite3
+
     from ..store.disk import DiskStore
 
-    return DiskStore(store_dir(store))
+    try:
+        return DiskStore(store_dir(store))
+    except (OSError, sqlite3.DatabaseError) as error:
+        typer.echo(f"{store_dir(store)}: {error}; `kvboost-rag cache verify` rebuilds the index", err=True)
+        raise typer.Exit(code=1) from error
 
 
 @cache_app.command("stats")
@@ -29,16 +36,32 @@ def cache_stats(store: StoreOption = None) -> None:
         )
     if not rows:
         typer.echo("(empty)")
+    orphans = disk.orphan_files()
+    if orphans:
+        typer.echo(f"{orphans} chunk files no index row names (`kvboost-rag cache verify` removes them)")
+    if disk.read_only:
+        typer.echo("(read-only)")
 
 
 @cache_app.command("verify")
 def cache_verify(store: StoreOption = None) -> None:
-    """Check every stored chunk; corrupted ones are dropped (and recomputed when next warmed)."""
-    report = _open(store).verify()
+    """Check the index (rebuilt from the chunk files when damaged or missing) and every chunk;
+    corrupted chunks are dropped (and recomputed when next warmed)."""
+    from ..store.disk.recovery import verify_store
+
+    report = verify_store(store_dir(store))
+    if report.index_damage:
+        typer.echo(
+            f"index damaged ({'; '.join(report.index_damage)[:200]}): rebuilt {report.rebuilt_chunks} chunks "
+            f"and {report.rebuilt_documents} documents from the files; "
+            f"{report.unrecoverable_files} unrecoverable files removed"
+        )
+    checked = report.verify
     typer.echo(
-        f"checked {report.checked} chunks: {len(report.dropped)} dropped, {report.orphans_removed} stray files removed"
+        f"checked {checked.checked} chunks: {len(checked.dropped)} dropped, "
+        f"{checked.orphans_removed} stray files removed"
     )
-    if report.dropped:
+    if checked.dropped:
         raise typer.Exit(code=1)
 
 

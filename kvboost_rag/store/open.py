@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+import warnings
+
 import torch
 
 from ..config import EngineConfig
@@ -18,7 +21,16 @@ def open_store(config: EngineConfig, model: Fingerprint, device: torch.device) -
     if config.memory_only:
         return ChunkStore(config.memory_budget_bytes, config.match_window), config
     root = config.store or str(default_store_dir())
-    disk = DiskStore(root, config.match_window, device, config.disk_budget_bytes)
+    try:
+        disk = DiskStore(root, config.match_window, device, config.disk_budget_bytes)
+    except (OSError, sqlite3.DatabaseError) as error:
+        # NOTE: the cache is optional: a store that cannot be opened costs reuse, never the engine.
+        warnings.warn(
+            f"kvboost-rag: chunk store {root} cannot be opened ({error}); chunks are kept in memory only. "
+            "`kvboost-rag cache verify` checks and rebuilds it.",
+            stacklevel=3,
+        )
+        return ChunkStore(config.memory_budget_bytes, config.match_window), config
     try:
         config = reconcile(config, disk.recorded_settings(model), disk.match_window, str(disk.root))
     except StoreSettingsError:

@@ -2,7 +2,8 @@
 
 A file is written to a temporary name, flushed and renamed, so readers see the old file or the
 whole new one, never a part. A file that does not hold what the index names, or whose tensors do
-not match their checksum, is rejected on load.
+not match their checksum, is rejected on load. Since v2 a file also holds its tokens and its
+index row, so a damaged index can be rebuilt from the files alone.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import hashlib
 import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
@@ -20,11 +23,26 @@ from safetensors.torch import save as save_tensors
 from ...ops.quantization import QuantizedTensor
 from ..entry import KV, ChunkEntry
 
-FORMAT = "kvboost-rag-chunk-v1"
+FORMAT = "kvboost-rag-chunk-v2"
+READABLE_FORMATS = ("kvboost-rag-chunk-v1", FORMAT)
 
 
-def serialize(entry: ChunkEntry) -> bytes:
+@dataclass(slots=True, frozen=True)
+class ChunkRecord:
+    """What the index keeps of a chunk, as its file holds it."""
+
+    content_hash: bytes
+    fingerprint: bytes
+    prefix_hash: bytes | None
+    base_position: int
+    next_chunk: bytes | None
+    tokens: np.ndarray
+    importance: float
+
+
+def serialize(entry: ChunkEntry, importance: float) -> bytes:
     parts = _tensors_of("keys", entry.keys) | _tensors_of("values", entry.values)
+    parts["tokens"] = torch.from_numpy(np.ascontiguousarray(entry.tokens, dtype=np.int64))
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in parts.items()}
     quantized = {
         name: {"bits": kv.bits, "shape": list(kv.shape), "dtype": str(kv.dtype).removeprefix("torch.")}
@@ -36,22 +54,20 @@ def serialize(entry: ChunkEntry) -> bytes:
         "content_hash": entry.content_hash.hex(),
         "quantized": json.dumps(quantized),
         "checksum": _checksum(tensors),
+        "fingerprint": entry.fingerprint.hex(),
+        "prefix_hash": entry.prefix_hash.hex() if entry.prefix_hash is not None else "",
+        "base_position": str(entry.base_position),
+        "next_chunk": entry.next_chunk.hex() if entry.next_chunk is not None else "",
+        "importance": repr(float(importance)),
     }
     return save_tensors(tensors, metadata=metadata)
 
 
 def deserialize(data: bytes, content: bytes) -> tuple[KV, KV]:
     """Keys and values of the chunk `content`; ValueError when the bytes are not that chunk."""
-    try:
-        header_size = int.from_bytes(data[:8], "little")
-        metadata = json.loads(data[8 : 8 + header_size]).get("__metadata__", {})
-        tensors = load_tensors(data)
-    except Exception as error:  # safetensors raises its own error types on a truncated file
-        raise ValueError(f"unreadable: {error}") from error
-    if metadata.get("format") != FORMAT or metadata.get("content_hash") != content.hex():
+    metadata, tensors = _checked(data)
+    if metadata.get("content_hash") != content.hex():
         raise ValueError("not the chunk the index names")
-    if _checksum(tensors) != metadata.get("checksum"):
-        raise ValueError("checksum mismatch")
     quantized = json.loads(metadata.get("quantized", "{}"))
 
     def rebuild(name: str) -> KV:
@@ -68,6 +84,41 @@ def deserialize(data: bytes, content: bytes) -> tuple[KV, KV]:
         )
 
     return rebuild("keys"), rebuild("values")
+
+
+def read_record(data: bytes) -> ChunkRecord:
+    """The index row a v2 chunk file holds; ValueError for a damaged or a v1 file."""
+    metadata, tensors = _checked(data)
+    if "tokens" not in tensors:
+        raise ValueError("a v1 chunk file: it does not hold its tokens")
+
+    def optional(name: str) -> bytes | None:
+        return bytes.fromhex(metadata[name]) if metadata.get(name) else None
+
+    return ChunkRecord(
+        bytes.fromhex(metadata["content_hash"]),
+        bytes.fromhex(metadata["fingerprint"]),
+        optional("prefix_hash"),
+        int(metadata["base_position"]),
+        optional("next_chunk"),
+        tensors["tokens"].numpy().astype(np.int64),
+        float(metadata["importance"]),
+    )
+
+
+def _checked(data: bytes) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A file's metadata and tensors, once its format and checksum are right."""
+    try:
+        header_size = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8 : 8 + header_size]).get("__metadata__", {})
+        tensors = load_tensors(data)
+    except Exception as error:  # safetensors raises its own error types on a truncated file
+        raise ValueError(f"unreadable: {error}") from error
+    if metadata.get("format") not in READABLE_FORMATS:
+        raise ValueError(f"not a chunk file ({metadata.get('format')!r})")
+    if _checksum(tensors) != metadata.get("checksum"):
+        raise ValueError("checksum mismatch")
+    return metadata, tensors
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -24,6 +24,7 @@ from ..entry import ChunkEntry, DocumentRecord, value_norm
 from ..settings import KeySettings
 from .format import deserialize, serialize, to_device, write_atomically
 from .index import DiskIndex, EntryRow, ModelStats
+from .sidecars import MANIFEST_FILE, document_json, settings_json, write_manifest, write_sidecar
 
 INDEX_FILE = "index.sqlite"
 
@@ -56,6 +57,8 @@ class DiskStore:
         self.index = DiskIndex(self.root / INDEX_FILE, read_only=self.read_only)
         self._recorded_window = self.index.meta("match_window")
         self.window = self.index.claim_match_window(match_window or 16)
+        if not self.read_only and not (self.root / MANIFEST_FILE).exists():
+            write_manifest(self.root, self.window)
         self._stored_bytes: int | None = None  # the index's total, kept current between scans
 
     def close(self) -> None:
@@ -72,6 +75,8 @@ class DiskStore:
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
         if not self.read_only:
             self.index.record_settings(model, settings)
+            key = model + settings.to_json().encode()
+            write_sidecar(self.root, "settings", key, settings_json(model, settings))
 
     # chunks ------------------------------------------------------------------------------
     def contains(self, key: ContentHash) -> bool:
@@ -90,7 +95,8 @@ class DiskStore:
             return False
         name = entry.content_hash.hex()
         path = self.root / "kv" / name[:2] / f"{name}.safetensors"
-        data = serialize(entry)
+        importance = entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1])
+        data = serialize(entry, importance)
         if not self._make_room(len(data)):
             return False
         write_atomically(path, data)
@@ -102,7 +108,7 @@ class DiskStore:
             entry.base_position,
             entry.next_chunk,
             entry.tokens.astype(np.int64).tobytes(),
-            entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1]),
+            importance,
             str(path.relative_to(self.root)),
         )
         inserted = self.index.insert(row, len(data), [(key, i * self.window) for i, key in enumerate(keys)])
@@ -129,6 +135,7 @@ class DiskStore:
     def put_document(self, record: DocumentRecord) -> None:
         if not self.read_only:
             self.index.put_document(record)
+            write_sidecar(self.root, "documents", record.doc_key, document_json(record))
 
     def has_document(self, doc_key: bytes) -> bool:
         chunks = self.index.document_chunks(doc_key)
@@ -147,6 +154,12 @@ class DiskStore:
 
     def total_bytes(self) -> int:
         return self.index.total_bytes()
+
+    def orphan_files(self) -> int:
+        """Chunk files no index row names (a write killed before indexing; `verify` removes them)."""
+        indexed = self.index.files()
+        files = (p for p in (self.root / "kv").rglob("*") if p.is_file())
+        return sum(str(p.relative_to(self.root)) not in indexed for p in files)
 
     def verify(self, orphan_age_s: float = 600.0) -> VerifyReport:
         """Load every indexed chunk (checksums), drop the bad ones, and remove files no row points
