@@ -94,7 +94,7 @@ def warm(
         failures.exit()
         raise typer.BadParameter("no documents found in " + ", ".join(map(str, paths)))
     engine = KVBoostRAG.from_pretrained(model, dtype=dtype, config=config)
-    skipped = chunks = 0
+    skipped = chunks = store_errors = 0
     # Progress in characters: proportional to the work, without tokenizing every document twice.
     total = sum(len(text) for _, _, text in documents)
     with tqdm(total=total, unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
@@ -110,6 +110,7 @@ def warm(
             else:
                 skipped += report.skipped_documents
                 chunks += report.chunks_stored
+                store_errors += report.store_errors
             bar.update(len(text))
     warmed = len(documents) - skipped - failures.documents
     failed = f", {failures.documents} failed" if failures.documents else ""
@@ -117,4 +118,6 @@ def warm(
         f"{len(documents)} documents from {len(files)} files: {warmed} warmed ({chunks} chunks), "
         f"{skipped} already warm{failed}. Store: {engine.config.store}"
     )
+    if store_errors:
+        typer.echo(f"{store_errors} writes to the store failed (warnings above): those chunks were not kept", err=True)
     failures.exit()

@@ -81,6 +81,7 @@ class WarmReport:
     chunks_stored: int = 0
     tokens_encoded: int = 0
     seconds: float = 0.0
+    store_errors: int = 0  # writes a persistent tier failed (a full disk): those chunks live in memory only
 
     @property
     def encoded_documents(self) -> int:

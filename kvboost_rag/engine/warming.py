@@ -56,6 +56,7 @@ class Warmer:
         texts = [documents] if isinstance(documents, str) else list(documents)
         tokenized = [self.document_tokens(i, text) for i, text in enumerate(texts)]
         report = WarmReport(documents=len(texts))
+        errors_before = self.store.tier_errors
         for tokens in tokenized:
             doc_key = document_hash(self.keys.document, tokens)
             with self.store.serving():  # one document's chunks never evict each other
@@ -66,6 +67,7 @@ class Warmer:
                     report.tokens_encoded += len(tokens)
             if pin:
                 self.store.pin_document(doc_key)
+        report.store_errors = self.store.tier_errors - errors_before
         report.seconds = time.perf_counter() - started
         return report
 

@@ -16,6 +16,10 @@ from typing import Any
 from .report import COLUMNS
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
+HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
+# The eval results the top-level README's headline table reads: the engine's defaults at k=5, k=10.
+HEADLINE_FILES = ("default/eval_k5_n500.json", "default/eval_k10_n500.json")
+HEADLINE_VARIANTS = ("full", "cacheblend", "default")
 Format = str | Callable[[Any], str]
 Column = tuple[str, Callable[[dict[str, Any]], Any], Format]  # title, value of a row, format
 
@@ -232,9 +236,38 @@ def render_all(results: Path) -> str:
     return "\n\n".join(s for s in (render_file(p, results.parent) for p in paths) if s is not None)
 
 
-def replace_section(text: str, generated: str) -> str:
-    """`text` with what lies between BEGIN and END replaced by `generated`."""
-    start, end = text.find(BEGIN), text.find(END)
+def replace_section(text: str, generated: str, begin: str = BEGIN, end_marker: str = END) -> str:
+    """`text` with what lies between the markers replaced by `generated`."""
+    start, end = text.find(begin), text.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"no {BEGIN} ... {END} section")
-    return text[: start + len(BEGIN)] + "\n" + generated + "\n" + text[end:]
+        raise ValueError(f"no {begin} ... {end_marker} section")
+    return text[: start + len(begin)] + "\n" + generated + "\n" + text[end:]
+
+
+def render_headline(results: Path) -> str:
+    """One table for the top-level README: full prefill, CacheBlend alone and the default, per k."""
+    rows = []
+    for name in HEADLINE_FILES:
+        path = results / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        for variant in HEADLINE_VARIANTS:
+            stats = data["summary"].get(variant)
+            if stats is not None:
+                rows.append({"k": data["settings"]["k"], "variant": variant, **stats})
+    columns: list[Column] = [
+        ("k", get("k"), "{}"),
+        ("variant", get("variant"), "{}"),
+        ("EM", get("em"), "{:.1%}"),
+        ("EM vs full [95%]", em_diff_with_interval, "{}"),
+        ("1st token = full's", get("first_token_agreement"), "{:.1%}"),
+        ("TTFT x full", get("ttft_ratio_vs_full"), "{:.2f}"),
+        ("answer time x full", get("total_ratio_vs_full"), "{:.2f}"),
+    ]
+    source = ", ".join(f"[`{n}`](benchmarks/results/{n})" for n in HEADLINE_FILES)
+    note = (
+        "NQ-Open, 500 questions, FAISS top-k, passages shuffled and warmed, greedy 16-token answers, "
+        f"paired against full prefill in one run ({source}; measured on the earlier AVX-512 machine, bf16)."
+    )
+    return note + "\n\n" + columns_table(columns, rows)
