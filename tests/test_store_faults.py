@@ -76,7 +76,9 @@ def test_int4_chunks_are_never_exact_hits_of_an_unquantized_engine(
 
 def test_a_read_only_store_serves_lookups(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
     source, view = tmp_path / "store", tmp_path / "read-only"
-    tiny(tiny_model_dir, source).warm(passages[:3])
+    writer = tiny(tiny_model_dir, source)
+    writer.warm(passages[:3])
+    writer.store.close()  # as a pre-built store is: its writer gone, its index checkpointed
     view.mkdir()
     with mounted("--bind", str(source), str(view)), mounted("-o", "remount,bind,ro", str(view)):
         with pytest.warns(UserWarning, match="read-only"):

@@ -112,6 +112,7 @@ def warm(
                 chunks += report.chunks_stored
                 store_errors += report.store_errors
             bar.update(len(text))
+    engine.store.close()  # checkpointed: a read-only copy of the store sees every chunk
     warmed = len(documents) - skipped - failures.documents
     failed = f", {failures.documents} failed" if failures.documents else ""
     typer.echo(

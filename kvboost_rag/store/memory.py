@@ -221,6 +221,11 @@ class ChunkStore:
             )
             return default
 
+    def close(self) -> None:
+        """Close the tiers below (a disk tier checkpoints its index: readers see every write)."""
+        for tier in self.tiers:
+            self._safely(tier, "closing", tier.close, None)
+
     # bookkeeping -------------------------------------------------------------------------
     def stats(self) -> StoreStats:
         with self._lock:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,9 @@ class DiskIndex:
             self._db.executescript(SCHEMA)
             version = None
         elif read_only:
+            wal = path.with_name(path.name + "-wal")
+            if wal.exists() and wal.stat().st_size:
+                warnings.warn(f"{path}: writes not yet checkpointed (its writer is still open) are not visible")
             # NOTE: immutable: a WAL database on a read-only mount cannot create its -shm file.
             uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
