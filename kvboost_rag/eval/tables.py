@@ -200,7 +200,24 @@ def where(data: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def budget(data: dict[str, Any]) -> str:
+    columns: list[Column] = [
+        ("memory budget", get("budget"), "{}"),
+        ("MiB", lambda r: r["budget_bytes"] / 2**20, "{:.1f}"),
+        ("reuse share, 1st pass", get("first_pass_share_mean"), "{:.2f}"),
+        ("2nd pass", get("second_pass_share_mean"), "{:.2f}"),
+        ("2nd pass min", get("second_pass_share_min"), "{:.2f}"),
+        ("evictions", get("evictions"), "{}"),
+    ]
+    notes = (
+        f"{data['questions']} NQ prompts of k={data['k']} passages over a disk store; one prompt's chunks: "
+        f"{data['one_prompt_bytes'] / 2**20:.1f} MiB ({data['dtype']})"
+    )
+    return notes + "\n\n" + columns_table(columns, data["rows"])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "bench_budget": budget,
     "bench_ttft": ttft,
     "bench_store": store,
     "bench_attention": attention,

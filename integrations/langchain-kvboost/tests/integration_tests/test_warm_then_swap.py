@@ -3,8 +3,7 @@ built from options alone finds it, in a user's LCEL chain, with the passages in 
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from langchain_core.prompts import ChatPromptTemplate
@@ -16,22 +15,11 @@ from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
 BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with the text around it
 
 
-def warm_in_another_process(passages: list[str], root: Path) -> Path:
-    """Each passage as a .txt file, warmed by the CLI into a fresh store under `root`."""
-    documents, store = root / "documents", root / "store"
-    documents.mkdir()
-    for i, passage in enumerate(passages):
-        (documents / f"{i}.txt").write_text(passage, encoding="utf-8")
-    command = [sys.executable, "-m", "kvboost_rag.cli", "warm", str(documents), "--store", str(store)]
-    done = subprocess.run([*command, "--dtype", "float32"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert f"{len(passages)} warmed" in done.stdout
-    return store
-
-
-def test_a_store_warmed_by_the_cli_serves_a_fresh_chat_model_in_a_chain(tmp_path: Path) -> None:
+def test_a_store_warmed_by_the_cli_serves_a_fresh_chat_model_in_a_chain(
+    tmp_path: Path, warm_with_cli: Callable[[list[str], Path], Path]
+) -> None:
     passages = [example.passages[0].as_document() for example in load_qa(limit=3)]
-    store = warm_in_another_process(passages, tmp_path)
+    store = warm_with_cli(passages, tmp_path)
 
     chat = ChatKVBoost(store=str(store), dtype="float32", max_tokens=4)  # options only: no engine=
     chain = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)]) | chat
