@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import random
+import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +117,8 @@ def test_a_full_disk_is_a_warning_and_leaves_no_partial_file(
             assert_answers_as_full_prefill(engine, prompt_of(passages[:4]))
             fresh = tiny(tiny_model_dir, store)
             assert_answers_as_full_prefill(fresh, prompt_of(passages[:4]))
+        verify = cli("cache", "verify", "--store", str(store))
+        assert verify.returncode == 0 and "0 dropped" in verify.stdout, verify.stdout + verify.stderr
 
 
 def test_a_corrupted_index_never_fails_a_request(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
@@ -163,3 +170,48 @@ def test_cache_verify_rebuilds_a_damaged_index(
     assert reader.warm(passages[:6]).skipped_documents == 6, "every document is known again"
     assert_answers_as_full_prefill(reader, prompt_of(passages[:3]))
     assert cli("cache", "stats", "--store", str(store)).returncode == 0
+
+
+def test_cache_commands_on_a_damaged_index_say_so_without_a_traceback(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    store = tmp_path / "store"
+    writer = tiny(tiny_model_dir, store)
+    writer.warm(passages[:6])
+    writer.store.close()
+    overwrite_middle(store / "index.sqlite")
+    for command in (["stats"], ["prune", "--budget", "0"]):
+        done = cli("cache", *command, "--store", str(store))
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == 0 or "cache verify" in done.stderr
+    assert cli("cache", "verify", "--store", str(store)).returncode == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_at_a_random_point_then_verify_and_resume(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str], seed: int
+) -> None:
+    """A warm killed anywhere: nothing half-written is served, `cache verify` finds the store
+    whole, answers equal full prefill's, and warming again completes it."""
+    documents = [f"{p}\nCopy {i}." for i in range(4) for p in passages[:30]]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("\n".join(json.dumps({"title": "", "text": d}) for d in documents))
+    store = tmp_path / "store"
+    args = ["warm", str(data), "--store", str(store), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    process = subprocess.Popen([sys.executable, "-m", "kvboost_rag.cli", *args], stderr=subprocess.DEVNULL)
+    kill_after = random.Random(seed).randint(1, 150)  # chunk files written before the kill
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if len(list((store / "kv").rglob("*.safetensors"))) >= kill_after:
+            break
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    verify = cli("cache", "verify", "--store", str(store))
+    assert verify.returncode == 0 and "0 dropped" in verify.stdout, verify.stdout + verify.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_answers_as_full_prefill(tiny(tiny_model_dir, store), prompt_of(documents[:3]))
+    resumed = cli(*args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert DiskStore(store).stats()[0].documents == len(set(documents))

@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .app import StoreOption, cache_app, store_dir
 from .sizes import parse_bytes
 
+if TYPE_CHECKING:
+    from ..store.disk import DiskStore
 
-def _open(store: str | None):  # noqa: ANN202 - DiskStore, imported lazily (it loads torch)
-    """The store, or a clear message and exit code 1 where its index cannot be read."""
+
+@contextmanager
+def _opened(store: str | None) -> Iterator[DiskStore]:
+    """The store; where its index cannot be read, at opening or mid-command, a clear message and
+    exit code 1 instead of a traceback."""
     import sqlite3
 
     from ..store.disk import DiskStore
 
     try:
-        return DiskStore(store_dir(store))
+        disk = DiskStore(store_dir(store))
+        try:
+            yield disk
+        finally:
+            disk.close()
     except (OSError, sqlite3.DatabaseError) as error:
         typer.echo(f"{store_dir(store)}: {error}; `kvboost-rag cache verify` rebuilds the index", err=True)
         raise typer.Exit(code=1) from error
@@ -26,7 +37,11 @@ def _open(store: str | None):  # noqa: ANN202 - DiskStore, imported lazily (it l
 @cache_app.command("stats")
 def cache_stats(store: StoreOption = None) -> None:
     """What is stored: documents, chunks and bytes per model."""
-    disk = _open(store)
+    with _opened(store) as disk:
+        _print_stats(disk)
+
+
+def _print_stats(disk: DiskStore) -> None:
     rows = disk.stats()
     typer.echo(f"{disk.root}")
     typer.echo(f"{'model fingerprint':18} {'documents':>9} {'chunks':>8} {'MiB':>9} {'pinned':>7}")
@@ -71,6 +86,7 @@ def cache_prune(
     store: StoreOption = None,
 ) -> None:
     """Evict least recently used, unpinned chunks until the store fits the budget."""
-    disk = _open(store)
-    evicted = disk.prune(parse_bytes(budget))
-    typer.echo(f"evicted {evicted} chunks; {disk.total_bytes() / 2**20:.1f} MiB stored")
+    limit = parse_bytes(budget)
+    with _opened(store) as disk:
+        evicted = disk.prune(limit)
+        typer.echo(f"evicted {evicted} chunks; {disk.total_bytes() / 2**20:.1f} MiB stored")
