@@ -187,7 +187,7 @@ def test_cache_commands_on_a_damaged_index_say_so_without_a_traceback(
     assert cli("cache", "verify", "--store", str(store)).returncode == 0
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_at_a_random_point_then_verify_and_resume(
     tiny_model_dir: Path, tmp_path: Path, passages: list[str], seed: int
 ) -> None:
