@@ -99,6 +99,7 @@ class KVBoostRAG:
             self.boundaries,
             self._model_lock,
             self.max_context,
+            prefix_tokens,
         )
         self._settings_recorded = False
 

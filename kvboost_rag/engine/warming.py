@@ -36,6 +36,7 @@ class Warmer:
         boundaries: Boundaries,
         model_lock: threading.Lock,
         max_context: int,
+        prefix_tokens: np.ndarray,
     ) -> None:
         self.model, self.tokenizer, self.config, self.store = model, tokenizer, config, store
         self.keys = keys
@@ -44,8 +45,7 @@ class Warmer:
         self.max_context = max_context
         first_param = next(model.parameters())
         self.device, self.dtype = first_param.device, first_param.dtype
-        prefix = config.warm_prefix
-        self.prefix_tokens = np.asarray(tokenizer(prefix).input_ids if prefix else [], dtype=np.int64)
+        self.prefix_tokens = prefix_tokens  # the warm prefix, tokenized once by the engine (its keys hold it)
         self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prefix_lock = threading.Lock()
 
