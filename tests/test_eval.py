@@ -95,14 +95,23 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
         max_new_tokens=12,
     )
     summary = report.summary()
-    assert set(summary) == {"full", "none", "boundary", "cacheblend", "default", "verify", "refresh", "cacheblend@1"}
+    assert set(summary) == set(VARIANTS) - {"prefix"} | {"cacheblend@1"}
     for record in report.records["verify"] + report.records["default"]:
         # a verified first token is full prefill's, logits and all
         assert record.exact_from != 0 or (record.first_token_agrees and record.first_token_kl == 0.0)
-    for record in report.records["default"] + report.records["refresh"]:
+    for record in report.records["exact"] + report.records["refresh"]:
         # refreshed after the first token: full prefill's answer whenever the first token is
         assert record.exact_from in (0, 1, None) and (record.answer_agrees or not record.first_token_agrees)
+        assert record.new_tokens < 2 or record.recomputed_share > 1.0, "a refresh recomputes the whole prompt"
+    for record in report.records["default"]:
+        assert record.exact_from in (0, None), "the default checks the first token only"
     assert summary["refresh"]["recomputed_answer_share"] > 0
+    for name, stats in summary.items():
+        assert stats["total_median_s"] >= stats["ttft_median_s"] > 0
+        assert not stats["second_token_median_s"] < stats["ttft_median_s"], name  # NaN: one-token answers
+        assert 0.0 <= stats["recomputed_share"] and stats["prompt_tokens_median"] > 0
+    assert summary["full"]["recomputed_share"] == 0.0
+    assert summary["none"]["recomputed_share"] == 0.0 and summary["cacheblend"]["recomputed_share"] > 0
     verified = [r.exact_from == 0 for r in report.records["default"]]
     assert summary["default"]["verified_first_token_share"] == sum(verified) / len(verified)
     assert summary["cacheblend"]["recomputed_answer_share"] == 0.0, "CacheBlend alone never recomputes"
@@ -158,3 +167,30 @@ def test_cli_eval_refuses_unknown_variants(tmp_path: Path) -> None:
     path.write_text(json.dumps(RECORDS))
     result = CliRunner().invoke(app, ["eval", "--data", str(path), "--use-ctxs", "--variants", "full,magic"])
     assert result.exit_code != 0 and "magic" in result.output
+
+
+def test_prompts_over_the_context_window_leave_out_the_lowest_ranked(
+    fresh_engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--k 20` on a small window: the best-ranked documents that fit are kept, in rank order."""
+    from kvboost_rag.eval.prompt import TEMPLATE, rag_prompt
+    from kvboost_rag.eval.runner import fitting_documents
+
+    documents = [f"Document {i}\n" + "word " * 60 for i in range(6)]
+    question = "which document is first"
+    two = len(fresh_engine.tokenize_prompt(rag_prompt(question, documents[:2], TEMPLATE, True)))
+    monkeypatch.setattr(fresh_engine, "max_context", two + 8)
+    assert fitting_documents(fresh_engine, question, documents, TEMPLATE, True, 8) == documents[:2]
+    assert fitting_documents(fresh_engine, question, documents, TEMPLATE, True, 9) == documents[:1]
+    monkeypatch.setattr(fresh_engine, "max_context", 10)
+    with pytest.raises(ValueError, match="context window"):
+        fitting_documents(fresh_engine, question, documents, TEMPLATE, True, 8)
+
+
+@pytest.mark.parametrize("option", [["--verify-margin", "2"], ["--verify-tokens", "-1"], ["--doc-passages", "0"]])
+def test_cli_eval_refuses_bad_settings(tmp_path: Path, option: list[str]) -> None:
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(RECORDS))
+    result = CliRunner().invoke(app, ["eval", "--data", str(path), "--limit", "1", *option])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert option[0].lstrip("-").split("-")[0] in result.output.lower()

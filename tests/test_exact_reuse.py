@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvboost_rag import KVBoostRAG
+from kvboost_rag import EngineConfig, KVBoostRAG
 
 
 def test_all_exact_chunks_give_full_prefill_logits(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
@@ -72,3 +72,19 @@ def test_chunks_stored_after_a_mixed_prefill_are_exact(fresh_engine: KVBoostRAG,
     head_tokens = len(fresh_engine.tokenize_prompt(head))
     assert plan.exact_chunks == head_tokens // fresh_engine.config.chunk_size >= 2
     assert (exact - full).abs().max().item() <= 1e-3
+
+
+def test_the_next_chat_turn_finds_the_last_answer(fresh_engine: KVBoostRAG) -> None:
+    """A turn keeps its new tokens and its answer (KV computed anyway), so the next turn, whose
+    prompt holds them, reuses them: nothing is computed but the new message and the template."""
+    messages = [{"role": "user", "content": "Describe the moon in one sentence, then the sun in another."}]
+    first = fresh_engine.generate(messages, max_new_tokens=20)
+    assert first.new_tokens >= 8
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And Mars?"}]
+    second = fresh_engine.generate(messages, max_new_tokens=2)
+    answer_tokens = len(fresh_engine.tokenizer(first.text, add_special_tokens=False).input_ids)
+    assert second.reused_tokens >= first.prompt_tokens + answer_tokens - 2
+    assert second.computed_tokens <= second.prompt_tokens - second.reused_tokens
+    quiet = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, EngineConfig(store="memory"), name="quiet")
+    quiet.generate(messages[:1], max_new_tokens=20, store_prompt=False)
+    assert quiet.generate(messages, max_new_tokens=2).reused_tokens == 0, "store_prompt=False keeps nothing"

@@ -241,6 +241,43 @@ def test_verify_takes_a_near_tie_from_exact_kv(fresh_engine: KVBoostRAG, shuffle
         ExactnessConfig(verify_margin=1.5)
 
 
+def test_default_checks_the_first_token_only(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    """The default verifies near-ties of the first token alone: a near-tie later is taken on
+    moved KV, so the answer costs no recompute after its first token (work saved, not moved)."""
+    later_tie = ScriptedLeads(verify_margin=0.5, leads=[0.9, 0.0, 0.0, 0.0])
+    assert later_tie.verify_tokens == 1 and not later_tie.refresh, "the defaults this test relies on"
+    answer = fresh_engine.generate(
+        shuffled_prompt, repair=STALE, exactness=later_tie, max_new_tokens=4, store_prompt=False
+    )
+    stale = fresh_engine.generate(shuffled_prompt, repair=STALE, exactness=OFF, max_new_tokens=4, store_prompt=False)
+    assert answer.exact_from is None and answer.refresh_s == 0.0 and answer.token_ids == stale.token_ids
+    assert answer.recomputed_tokens == answer.repair_tokens == 0
+    first_tie = ScriptedLeads(verify_margin=0.5, leads=[0.0])
+    verified = fresh_engine.generate(
+        shuffled_prompt, repair=STALE, exactness=first_tie, max_new_tokens=4, store_prompt=False
+    )
+    assert verified.exact_from == 0 and verified.recomputed_tokens == verified.prompt_tokens
+    assert verified.second_token_s is not None and verified.ttft_s < verified.second_token_s <= verified.total_s
+
+
+def test_recomputed_tokens_count_the_repair_and_the_refresh(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
+    """CacheBlend's repair tokens, plus the whole prompt and first token again for a refresh."""
+    blend = fresh_engine.generate(shuffled_prompt, exactness=OFF, max_new_tokens=3, store_prompt=False)
+    assert 0 < blend.recomputed_tokens == blend.repair_tokens < blend.reused_approximate_tokens
+    assert blend.recomputed_share == pytest.approx(blend.repair_tokens / blend.prompt_tokens)
+    refreshed = fresh_engine.generate(
+        shuffled_prompt,
+        exactness=ExactnessConfig(verify_margin=0.0, refresh=True),
+        max_new_tokens=3,
+        store_prompt=False,
+    )
+    assert refreshed.new_tokens > 1, "the refresh runs before the second token"
+    assert refreshed.recomputed_tokens == refreshed.repair_tokens + refreshed.prompt_tokens + 1
+    assert refreshed.recomputed_share > 1.0
+    full = fresh_engine.generate(shuffled_prompt, mode="full", max_new_tokens=3, store_prompt=False)
+    assert full.recomputed_tokens == 0
+
+
 @dataclass(frozen=True)
 class ScriptedLeads(ExactnessConfig):
     """Verification with the first tokens' leads given, to place a near-tie where a test wants it."""
@@ -254,14 +291,13 @@ class ScriptedLeads(ExactnessConfig):
 def test_verify_mid_answer_goes_on_as_full_prefill_would(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """A near-tie at the third token: the first two stay moved KV's, the rest is what full
     prefill writes after them."""
-    policy = ScriptedLeads(verify_margin=0.5, refresh=False, leads=[0.9, 0.9, 0.0])
+    policy = ScriptedLeads(verify_margin=0.5, verify_tokens=None, refresh=False, leads=[0.9, 0.9, 0.0])
     verified = fresh_engine.generate(
         shuffled_prompt, repair=STALE, exactness=policy, max_new_tokens=6, store_prompt=False
     )
     assert verified.exact_from == 2 and verified.timings.verify_s == 0.0 and verified.refresh_s > 0
-    stale = fresh_engine.generate(
-        shuffled_prompt, repair=STALE, exactness=OFF, max_new_tokens=6, store_prompt=False
-    )
+    stale = fresh_engine.generate(shuffled_prompt, repair=STALE, exactness=OFF, max_new_tokens=6, store_prompt=False)
     assert verified.token_ids[:2] == stale.token_ids[:2]
+    assert verified.recomputed_tokens == verified.prompt_tokens + 2, "the prompt and two answer tokens"
     tokens = fresh_engine.tokenize_prompt(shuffled_prompt).tolist()
     assert verified.token_ids[2:] == _greedy_after(fresh_engine, tokens, verified.token_ids[:2], 4)

@@ -24,10 +24,13 @@ def eval_command(
     data: Annotated[Path | None, typer.Option(help="QA file (jsonl or json list, .gz or not); default NQ-Open")] = None,
     limit: Annotated[int, typer.Option(help="questions to answer")] = 500,
     k: Annotated[int, typer.Option(help="passages per prompt")] = 5,
+    doc_passages: Annotated[
+        int, typer.Option(help="passages per document: >1 joins neighbouring passages into long documents")
+    ] = 1,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[str, typer.Option(help="comma list of variants (see eval/variants.py)")] = (
-        "full,none,boundary,cacheblend,default"
+        "full,none,boundary,cacheblend,default,exact"
     ),
     rho_sweep: Annotated[
         str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
@@ -43,9 +46,10 @@ def eval_command(
     verify_margin: Annotated[
         float | None, typer.Option(help="a token leading by less than this is recomputed on exact KV")
     ] = None,
-    refresh: Annotated[
-        bool | None, typer.Option(help="'default': recompute the prompt after the first token")
+    verify_tokens: Annotated[
+        int | None, typer.Option(help="'default': leading answer tokens checked for near-ties (0: none)")
     ] = None,
+    refresh: Annotated[bool | None, typer.Option(help="'default': recompute the prompt after the first token")] = None,
     template: Annotated[
         str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")
     ] = None,
@@ -84,14 +88,16 @@ def eval_command(
         boundary_tokens=boundary_tokens,
         blend_boundary_tokens=blend_boundary_tokens,
     )
-    exactness_changes = dict(verify_margin=verify_margin, refresh=refresh)
-    baseline = Baseline(
-        replace(
-            engine.config.repair, strategy="cacheblend", **{k: v for k, v in repair_changes.items() if v is not None}
-        ),
-        replace(engine.config.exactness, **{k: v for k, v in exactness_changes.items() if v is not None}),
-    )
+    exactness_changes = dict(verify_margin=verify_margin, verify_tokens=verify_tokens, refresh=refresh)
     try:
+        baseline = Baseline(
+            replace(
+                engine.config.repair,
+                strategy="cacheblend",
+                **{k: v for k, v in repair_changes.items() if v is not None},
+            ),
+            replace(engine.config.exactness, **{k: v for k, v in exactness_changes.items() if v is not None}),
+        )
         chosen_variants = build_variants([n.strip() for n in variants.split(",") if n.strip()], baseline)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
@@ -102,7 +108,9 @@ def eval_command(
     else:
         from ..eval.retrieval import retrieve_documents
 
-        retrieved = retrieve_documents(examples, chosen, k)
+        if doc_passages < 1:
+            raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
+        retrieved = retrieve_documents(examples, chosen, k, doc_passages)
         passages_for = lambda i: list(retrieved[i])  # noqa: E731
     template_text = TEMPLATE
     if template:
@@ -114,6 +122,7 @@ def eval_command(
         questions=len(chosen),
         k=k,
         retrieval="ctxs" if use_ctxs else "faiss",
+        passages_per_document=1 if use_ctxs else doc_passages,
         seed=seed,
         model=engine.name,
         dtype=str(engine.dtype),
@@ -138,5 +147,6 @@ def eval_command(
         settings=settings,
     )
     typer.echo(format_table(report))
-    paths = write(report, out, f"eval_k{k}_n{len(chosen)}")
+    stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
+    paths = write(report, out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -62,6 +62,8 @@ class Decoder:
             if not request.generated:  # the first token: an end-of-sequence one breaks out below
                 request.timings.sample_s = time.perf_counter() - mark
                 request.ttft_s = time.perf_counter() - request.started
+            elif len(request.generated) == 1:
+                request.second_token_s = time.perf_counter() - request.started
             if token in self.stop_ids:
                 request.finish = "eos"
                 break
@@ -90,13 +92,14 @@ class Decoder:
         policy = request.exactness
         if policy.refresh and request.generated:
             return True
-        return bool(policy.verify_margin) and policy.lead(request.logits) < policy.verify_margin
+        return policy.checks(len(request.generated)) and policy.lead(request.logits) < policy.verify_margin
 
     def go_exact(self, request: Request) -> None:
         """Recompute the prompt and the answer so far as full prefill would, and go on from there."""
         started = time.perf_counter()
         request.cache, request.slot_positions, request.logits = self.exact_prefill(request.tokens, request.generated)
         request.exact, request.exact_end, request.exact_from = True, len(request.tokens), len(request.generated)
+        request.recomputed_tokens += len(request.tokens) + len(request.generated)
         spent = time.perf_counter() - started
         request.refresh_s += spent
         if not request.generated:

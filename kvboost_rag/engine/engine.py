@@ -14,6 +14,7 @@ import torch
 
 from ..config import MODES, EngineConfig, ExactnessConfig, Mode, RepairConfig, RepairStrategy
 from ..hf.attention import use_reuse_attention
+from ..hf.cache import gather_slots
 from ..hf.fingerprint import model_fingerprint
 from ..hf.loader import load_model, resolve_dtype
 from ..hf.model import context_window, eos_ids, rotary_module
@@ -25,7 +26,7 @@ from ..store.open import open_store, record_settings
 from .decode import DecodeObserver, Decoder
 from .inputs import check_documents, check_prompt, check_real
 from .prefill import PrefillRunner
-from .prompt_cache import store_prompt_chunks
+from .prompt_cache import conversation_tail, store_prompt_chunks
 from .request import Request
 from .result import GenerationResult, StageTimings, WarmReport
 from .sampling import SamplingParams
@@ -258,14 +259,23 @@ class KVBoostRAG:
         timings.lookup_s = time.perf_counter() - mark
         prefill = self._prefill.run(request.tokens, plan, timings, request.repair)
         request.cache, request.logits, request.slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
-        request.repair_tokens = prefill.repair_tokens
+        request.repair_tokens = request.recomputed_tokens = prefill.repair_tokens
         request.exact, request.exact_end = plan.tokens("approximate") == 0, plan.exact_end
         request.first_logits = prefill.logits.cpu() if request.return_first_logits else None
         max_new = min(request.params.max_new_tokens, self.max_context - len(request.tokens))
         yield from self._decoder.run(request, max_new, observer)
         if request.store_prompt:
             store_prompt_chunks(self.store, self.keys, self.config.chunk_size, request)
+            self._keep_tail(request)
         return _result(request)
+
+    def _keep_tail(self, request: Request) -> None:
+        """The turn's new tokens and answer, kept for the next turn of the conversation."""
+        tail = conversation_tail(request, 2 * self.config.match_window - 1)
+        if tail is not None:
+            tokens, slots, start = tail
+            keys, values = gather_slots(request.cache, slots)
+            self._warmer.keep(tokens, keys, values, start)
 
     def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
         with self.store.serving():  # the plan's chunks are not evicted while it is made
@@ -286,6 +296,7 @@ def _result(request: Request) -> GenerationResult:
         mode=request.mode,
         finish_reason=request.finish,
         ttft_s=request.ttft_s,
+        second_token_s=request.second_token_s,
         total_s=time.perf_counter() - request.started,
         prompt_tokens=len(request.tokens),
         new_tokens=len(request.generated),
@@ -297,6 +308,7 @@ def _result(request: Request) -> GenerationResult:
         missed_chunks=plan.missed_chunks,
         repair_strategy=request.repair.strategy if request.mode == "reuse" else "none",
         repair_tokens=request.repair_tokens,
+        recomputed_tokens=request.recomputed_tokens,
         timings=request.timings,
         refresh_s=request.refresh_s,
         exact_from=request.exact_from,

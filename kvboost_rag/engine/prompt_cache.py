@@ -1,7 +1,13 @@
-"""After an answer: keep the prompt's exactly computed chunks for later EXACT (prefix) hits."""
+"""After an answer: keep what later prompts will hold again.
+
+The prompt's exactly computed chunks, for later EXACT (prefix) hits; and the conversation's new
+tail (the tokens the prompt computed after its last reused one, and the answer), so the next
+turn of a chat finds its history wherever it lands, with no model work spent to keep it.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..hf.cache import gather_slots
@@ -38,3 +44,21 @@ def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, requ
                 approximate_ok=False,
             )
         )
+
+
+def conversation_tail(request: Request, min_tokens: int) -> tuple[np.ndarray, torch.Tensor, int] | None:
+    """The tokens after the prompt's last reused one, with the answer's: their ids, cache slots
+    and first position; None when shorter than `min_tokens` (too short to be found again).
+
+    An answer that ended at end-of-sequence fed every token it kept; one cut by the token
+    limit or a stop string never fed its last, whose KV is not there."""
+    plan = request.plan
+    assert plan is not None and request.slot_positions is not None
+    reused_end = max((s.end for s in plan.segments if s.kind != "computed"), default=0)
+    answer = request.generated if request.finish == "eos" else request.generated[:-1]
+    tokens = np.concatenate([request.tokens[reused_end:], np.asarray(answer, dtype=np.int64)])
+    if len(tokens) < min_tokens:
+        return None
+    prompt_slots = torch.argsort(request.slot_positions)[reused_end:]
+    answer_slots = torch.arange(len(request.tokens), len(request.tokens) + len(answer), device=prompt_slots.device)
+    return tokens, torch.cat([prompt_slots, answer_slots]), reused_end

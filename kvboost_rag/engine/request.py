@@ -29,6 +29,8 @@ class Request:
     boundaries: list[int] = field(default_factory=list)
     plan: ReusePlan | None = None
     repair_tokens: int = 0
+    # tokens computed again that a cache had given: the repair's, then any exact recompute's
+    recomputed_tokens: int = 0
     # the cache the next step reads, the slot position of each prompt token in it, and the logits
     cache: Any = None
     slot_positions: torch.Tensor | None = None
@@ -43,6 +45,7 @@ class Request:
     emitted: int = 0
     finish: FinishReason = "length"
     ttft_s: float = 0.0
+    second_token_s: float | None = None  # from the call to the second sampled token
 
     @property
     def next_position(self) -> int:

@@ -27,7 +27,8 @@ class GenerationResult:
     mode: str
     finish_reason: FinishReason
     ttft_s: float  # wall clock from the call to the first token
-    total_s: float
+    second_token_s: float | None  # ... to the second token (None: the answer has fewer)
+    total_s: float  # ... to the end of the answer
     prompt_tokens: int
     new_tokens: int
     reused_exact_tokens: int
@@ -38,6 +39,9 @@ class GenerationResult:
     missed_chunks: int
     repair_strategy: str = "none"
     repair_tokens: int = 0  # reused tokens recomputed by the repair (a subset of the reused ones)
+    # every token computed again though a cache held it: the repair's, plus each exact recompute
+    # of the prompt and the answer so far (verify_margin, refresh)
+    recomputed_tokens: int = 0
     timings: StageTimings = field(default_factory=StageTimings)
     refresh_s: float = 0.0  # recomputing the prompt as full prefill would (RepairConfig.refresh, verify_margin)
     exact_from: int | None = None  # the first answer token taken from that exact KV; None: never recomputed
@@ -47,6 +51,11 @@ class GenerationResult:
     @property
     def repair_share(self) -> float:
         return self.repair_tokens / self.reused_approximate_tokens if self.reused_approximate_tokens else 0.0
+
+    @property
+    def recomputed_share(self) -> float:
+        """Tokens recomputed per prompt token: the work reuse gave back (1.0 = one full prefill)."""
+        return self.recomputed_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def reused_tokens(self) -> int:
@@ -68,6 +77,7 @@ class GenerationResult:
         data.update(
             reuse_share=self.reuse_share,
             repair_share=self.repair_share,
+            recomputed_share=self.recomputed_share,
             tokens_per_s=self.tokens_per_s,
             reused_tokens=self.reused_tokens,
         )

@@ -90,21 +90,44 @@ class Warmer:
         with self.model_lock:
             forward_last_logits(self.model, ids, torch.arange(start, start + len(tokens), device=self.device), cache)
         keys, values = stacked_kv(cache)
-        boundaries = self.boundaries(tokens)
         # NOTE: after a warm prefix the chunks' context is not the document alone, so they are
         # APPROXIMATE candidates only; without one, a prompt starting with the document hits EXACT.
-        prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, boundaries) if start == 0 else None
+        return self.store_document(doc_key, tokens, keys[:, :, start:], values[:, :, start:], start, exact=start == 0)
+
+    def keep(self, tokens: np.ndarray, keys: torch.Tensor, values: torch.Tensor, base_position: int) -> int:
+        """Store KV a request computed anyway (a conversation's new turn and its answer) as a
+        document found at any offset: no model work. Returns the chunks stored."""
+        doc_key = document_hash(self.keys.document, tokens)
+        with self.store.serving():
+            if self.store.has_document(doc_key):
+                return 0
+            return self.store_document(doc_key, tokens, keys, values, base_position, exact=False)
+
+    def store_document(
+        self,
+        doc_key: bytes,
+        tokens: np.ndarray,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        base_position: int,
+        *,
+        exact: bool,
+    ) -> int:
+        """A document's chunks from its KV [L, H, len(tokens), D], computed at `base_position`..;
+        `exact`: computed alone from position 0, so its chunks are EXACT prefix candidates too."""
+        boundaries = self.boundaries(tokens)
+        prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, boundaries) if exact else None
         fingerprint = self.keys.document
         spans = list(zip(boundaries[:-1], boundaries[1:]))
         contents = [content_hash(fingerprint, tokens[s:e]) for s, e in spans]
         stored = 0
         for i, (chunk_start, chunk_end) in enumerate(spans):
-            kv_slice = slice(start + chunk_start, start + chunk_end)
+            kv_slice = slice(chunk_start, chunk_end)
             entry = ChunkEntry(
                 tokens=tokens[chunk_start:chunk_end].copy(),
                 keys=self._kept(keys[:, :, kv_slice], quantize_keys),
                 values=self._kept(values[:, :, kv_slice], quantize_values),
-                base_position=start + chunk_start,
+                base_position=base_position + chunk_start,
                 fingerprint=fingerprint,
                 content_hash=contents[i],
                 prefix_hash=prefixes[i] if prefixes else None,

@@ -1,4 +1,5 @@
-"""Writing an eval's results: terminal table, JSON, Markdown and a TTFT-vs-EM plot."""
+"""Writing an eval's results: terminal table, JSON, Markdown and a plot of the frontier
+(EM and agreement against whole-answer time)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,22 @@ COLUMNS = [
     ("em", "EM", "{:.1%}"),
     ("em_diff_vs_full", "EM diff", "{:+.1%}"),
     ("f1", "F1", "{:.1%}"),
+    ("f1_diff_vs_full", "F1 diff", "{:+.1%}"),
     ("first_token_agreement", "1st tok agree", "{:.1%}"),
     ("answer_agreement", "answer agree", "{:.1%}"),
     ("first_token_agreement_clear", "1st tok agree, clear", "{:.1%}"),
     ("first_token_kl_mean", "1st tok KL", "{:.3f}"),
     ("ttft_median_s", "TTFT med", "{:.3f}s"),
     ("ttft_mean_s", "TTFT mean", "{:.3f}s"),
-    ("ttft_ratio_vs_full", "x full", "{:.2f}"),
-    ("total_ratio_vs_full", "answer time x full", "{:.2f}"),
+    ("ttft_ratio_vs_full", "TTFT x full", "{:.2f}"),
+    ("second_token_ratio_vs_full", "2nd tok x full", "{:.2f}"),
+    ("total_median_s", "answer med", "{:.3f}s"),
+    ("total_ratio_vs_full", "answer x full", "{:.2f}"),
+    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"),
+    ("recomputed_share", "recomputed", "{:.0%}"),
     ("verified_first_token_share", "1st tok verified", "{:.0%}"),
     ("recomputed_answer_share", "answer recomputed", "{:.0%}"),
     ("reuse_share", "reused", "{:.0%}"),
-    ("repair_share", "repaired", "{:.0%}"),
 ]
 
 
@@ -66,31 +71,44 @@ def markdown(report: EvalReport) -> str:
 
 
 def plot(report: EvalReport, path: Path) -> None:
+    """The frontier: EM, and agreement with full prefill, against whole-answer time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     summary = report.summary()
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, (em_axis, agree_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
+    panels = (
+        (em_axis, "em", "EM (best subspan)"),
+        (agree_axis, "first_token_agreement", "agreement with full prefill"),
+    )
     sweep = sorted(
         (float(name.split("@")[1]), stats) for name, stats in summary.items() if name.startswith("cacheblend@")
     )
+    for axis, key, label in panels:
+        if sweep:
+            xs, ys = [s["total_ratio_vs_full"] for _, s in sweep], [s[key] for _, s in sweep]
+            axis.plot(xs, ys, "--", color="grey", zorder=1)
+            for (rho, stats), x, y in zip(sweep, xs, ys):
+                axis.annotate(f"rho={rho:g}", (x, y), fontsize=7, color="grey")
+        for name, stats in summary.items():
+            if name.startswith("cacheblend@"):
+                continue
+            x = stats["total_ratio_vs_full"]
+            axis.scatter(x, stats[key], s=40, zorder=2)
+            axis.annotate(name, (x, stats[key]), xytext=(4, 4), textcoords="offset points", fontsize=8)
+            if key == "first_token_agreement" and name != "full":
+                axis.scatter(x, stats["answer_agreement"], s=25, marker="x", color="black", zorder=2)
+        axis.axvline(1.0, color="grey", linewidth=0.5)
+        axis.set_xlabel("median whole-answer time / full prefill's")
+        axis.set_ylabel(label + (" (dot: first token, x: whole answer)" if key != "em" else ""))
+        axis.grid(alpha=0.3)
+    n = int(summary.get("full", {}).get("questions", 0))
+    title = f"{report.settings.get('data', '')} k={report.settings.get('k', '')}, {n} questions"
     if sweep:
-        axis.plot([s["ttft_median_s"] for _, s in sweep], [s["em"] for _, s in sweep], "--", color="grey", zorder=1)
-        for rho, stats in sweep:
-            axis.annotate(f"rho={rho:g}", (stats["ttft_median_s"], stats["em"]), fontsize=7, color="grey")
-    for name, stats in summary.items():
-        if not name.startswith("cacheblend@"):
-            axis.scatter(stats["ttft_median_s"], stats["em"], s=40, zorder=2)
-            axis.annotate(name, (stats["ttft_median_s"], stats["em"]), xytext=(4, 4), textcoords="offset points")
-    axis.set_xlabel("median TTFT (s)")
-    axis.set_ylabel("EM (best subspan)")
-    title = f"TTFT vs EM, {report.settings.get('data', '')} k={report.settings.get('k', '')}"
-    if sweep:
-        title += f"\n(dashed: CacheBlend rho sweep on the first {int(sweep[0][1]['questions'])} questions)"
-    axis.set_title(title, fontsize=10)
-    axis.grid(alpha=0.3)
+        title += f" (dashed: CacheBlend rho sweep on the first {int(sweep[0][1]['questions'])})"
+    figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -99,7 +117,10 @@ def plot(report: EvalReport, path: Path) -> None:
 def write(report: EvalReport, out_dir: Path, stem: str) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md", "plot": out_dir / f"{stem}.png"}
+    from .harness import run_info  # where and how: timings compare only within one machine
+
     data = {
+        "run": run_info(),
         "settings": report.settings,
         "summary": report.summary(),
         "records": {name: [asdict(r) for r in records] for name, records in report.records.items()},

@@ -31,6 +31,7 @@ class PassageIndex:
 
         self.passages = passages
         self._embedder = embedder
+        self._embeddings = embeddings
         self._index = faiss.IndexFlatIP(embeddings.shape[1])
         self._index.add(embeddings)
 
@@ -62,6 +63,33 @@ class PassageIndex:
             staging.replace(cached)  # atomic: never a half-written file under the final name
         return cls(passages, embeddings, embedder)
 
+    def grouped(self, size: int) -> PassageIndex:
+        """Long documents from a corpus of short passages: each is a passage and its `size - 1`
+        nearest passages not yet used, indexed by the mean of their embeddings."""
+        if size < 1:
+            raise ValueError(f"passages per document must be >= 1, got {size}")
+        if size == 1:
+            return self
+        used = np.zeros(len(self.passages), dtype=bool)
+        _, neighbours = self._index.search(self._embeddings, min(len(self.passages), 8 * size))
+        groups: list[list[int]] = []
+        for first in range(len(self.passages)):
+            if used[first]:
+                continue
+            group = [first]
+            used[first] = True
+            for other in neighbours[first]:
+                if len(group) == size:
+                    break
+                if other >= 0 and not used[other]:
+                    group.append(int(other))
+                    used[other] = True
+            groups.append(group)
+        documents = [Passage("", "\n\n".join(self.passages[i].as_document() for i in g)) for g in groups]
+        vectors = np.stack([self._embeddings[g].mean(axis=0) for g in groups])
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        return PassageIndex(documents, vectors.astype(np.float32), self._embedder)
+
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -70,9 +98,12 @@ class PassageIndex:
         return [[self.passages[i] for i in row if i >= 0] for row in ids]
 
 
-def retrieve_documents(corpus_of: list[QAExample], questions: list[QAExample], k: int) -> list[list[str]]:
-    """Top-k passages (as prompt documents) for each question, from all passages of `corpus_of`."""
-    index = PassageIndex.build(corpus(corpus_of))
+def retrieve_documents(
+    corpus_of: list[QAExample], questions: list[QAExample], k: int, passages_per_document: int = 1
+) -> list[list[str]]:
+    """Top-k passages (as prompt documents) for each question, from all passages of `corpus_of`;
+    with `passages_per_document` > 1, top-k documents of that many neighbouring passages."""
+    index = PassageIndex.build(corpus(corpus_of)).grouped(passages_per_document)
     return [[p.as_document() for p in row] for row in index.search([q.question for q in questions], k)]
 
 

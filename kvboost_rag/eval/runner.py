@@ -33,10 +33,15 @@ class Record:
     question: int
     em: float
     f1: float
+    prompt_tokens: int
     ttft_s: float
+    second_token_s: float | None  # None: a one-token answer
     total_s: float  # the whole answer
+    new_tokens: int
+    tokens_per_s: float  # decode speed after the first token
     reuse_share: float
     repair_share: float
+    recomputed_share: float  # tokens recomputed (repair and any exact recompute) per prompt token
     first_token_agrees: bool
     answer_agrees: bool
     first_token_kl: float
@@ -52,20 +57,26 @@ class EvalReport:
 
     def summary(self) -> dict[str, dict[str, float]]:
         full_by_question = {r.question: r for r in self.records.get("full", [])}
-        full_median = statistics.median(r.ttft_s for r in full_by_question.values()) if full_by_question else math.nan
-        full_total = statistics.median(r.total_s for r in full_by_question.values()) if full_by_question else math.nan
+        full_ttft = _median([r.ttft_s for r in full_by_question.values()])
+        full_total = _median([r.total_s for r in full_by_question.values()])
+        full_second = _median([r.second_token_s for r in full_by_question.values() if r.second_token_s is not None])
         table: dict[str, dict[str, float]] = {}
         for name, records in self.records.items():
-            ttft = [r.ttft_s for r in records]
-            diffs = [r.em - full_by_question[r.question].em for r in records if r.question in full_by_question]
-            low, high = paired_ci(diffs)
+            ttft, total = [r.ttft_s for r in records], [r.total_s for r in records]
+            second = [r.second_token_s for r in records if r.second_token_s is not None]
+            paired = [(r, full_by_question[r.question]) for r in records if r.question in full_by_question]
+            em_diffs = [r.em - full.em for r, full in paired]
+            f1_diffs = [r.f1 - full.f1 for r, full in paired]
+            low, high = paired_ci(em_diffs)
             table[name] = {
                 "questions": len(records),
+                "prompt_tokens_median": statistics.median(r.prompt_tokens for r in records),
                 "em": statistics.fmean(r.em for r in records),
                 "f1": statistics.fmean(r.f1 for r in records),
-                "em_diff_vs_full": statistics.fmean(diffs) if diffs else math.nan,
+                "em_diff_vs_full": _mean_or_nan(em_diffs),
                 "em_diff_ci95_low": low,
                 "em_diff_ci95_high": high,
+                "f1_diff_vs_full": _mean_or_nan(f1_diffs),
                 "first_token_agreement": statistics.fmean(r.first_token_agrees for r in records),
                 "answer_agreement": statistics.fmean(r.answer_agrees for r in records),
                 "first_token_kl_mean": statistics.fmean(r.first_token_kl for r in records),
@@ -75,8 +86,15 @@ class EvalReport:
                 ),
                 "ttft_median_s": statistics.median(ttft),
                 "ttft_mean_s": statistics.fmean(ttft),
-                "ttft_ratio_vs_full": statistics.median(ttft) / full_median,
-                "total_ratio_vs_full": statistics.median(r.total_s for r in records) / full_total,
+                "ttft_ratio_vs_full": statistics.median(ttft) / full_ttft,
+                "second_token_median_s": _median(second),
+                "second_token_ratio_vs_full": _median(second) / full_second,
+                "total_median_s": statistics.median(total),
+                "total_mean_s": statistics.fmean(total),
+                "total_ratio_vs_full": statistics.median(total) / full_total,
+                "decode_tokens_per_s": _median([r.tokens_per_s for r in records if r.new_tokens > 1]),
+                "new_tokens_mean": statistics.fmean(r.new_tokens for r in records),
+                "recomputed_share": statistics.fmean(r.recomputed_share for r in records),
                 "verified_first_token_share": statistics.fmean(r.exact_from == 0 for r in records),
                 "recomputed_answer_share": statistics.fmean(r.exact_from is not None for r in records),
                 "reuse_share": statistics.fmean(r.reuse_share for r in records),
@@ -85,7 +103,11 @@ class EvalReport:
         return table
 
 
-def _mean_or_nan(values: list[bool]) -> float:
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _mean_or_nan(values: list[bool] | list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
@@ -122,6 +144,7 @@ def run_eval(
         example = examples[i]
         documents = passages_for(i)
         engine.warm(documents)
+        documents = fitting_documents(engine, example.question, documents, template, chat, max_new_tokens)
         random.Random(f"{seed}:{i}").shuffle(documents)
         prompt = rag_prompt(example.question, documents, template, chat)
         todo = variants[1:] + (sweep or [] if i < sweep_questions else [])
@@ -133,6 +156,22 @@ def run_eval(
         for name, result in results.items():
             report.records.setdefault(name, []).append(_record(i, example, result, reference))
     return report
+
+
+def fitting_documents(
+    engine: KVBoostRAG, question: str, documents: list[str], template: str, chat: bool, max_new_tokens: int
+) -> list[str]:
+    """The best-ranked documents whose prompt and answer fit in the model's context window
+    (the lowest-ranked left out first); a ValueError when not even one fits."""
+    kept = list(documents)
+    while kept:
+        if (
+            len(engine.tokenize_prompt(rag_prompt(question, kept, template, chat))) + max_new_tokens
+            <= engine.max_context
+        ):
+            return kept
+        kept.pop()
+    raise ValueError(f"no document fits the context window of {engine.name} ({engine.max_context} tokens)")
 
 
 def _answer(engine: KVBoostRAG, prompt: Any, variant: Variant, max_new_tokens: int) -> GenerationResult:
@@ -153,10 +192,15 @@ def _record(i: int, example: QAExample, result: GenerationResult, reference: Gen
         question=i,
         em=best_subspan_em(result.text, example.answers),
         f1=token_f1(result.text, example.answers),
+        prompt_tokens=result.prompt_tokens,
         ttft_s=result.ttft_s,
+        second_token_s=result.second_token_s,
         total_s=result.total_s,
+        new_tokens=result.new_tokens,
+        tokens_per_s=result.tokens_per_s,
         reuse_share=result.reuse_share,
         repair_share=result.repair_share,
+        recomputed_share=result.recomputed_share,
         first_token_agrees=result.token_ids[:1] == reference.token_ids[:1],
         answer_agrees=result.text.strip() == reference.text.strip(),
         first_token_kl=kl_divergence(reference.first_logits, result.first_logits),

@@ -1,7 +1,8 @@
 """The eval's variants: a registry of names, each one way of serving the same prompts.
 
-Every variant but `default` runs one technique alone (nothing recomputed after the prefill), so
-its row shows what that technique buys; `default` is the engine as its settings stand.
+Every prefill variant runs one technique alone (nothing recomputed after the prefill), so its
+row shows what that technique buys; `verify`, `refresh` and `exact` add a step after
+CacheBlend's prefill; `default` is the engine as its settings stand.
 """
 
 from __future__ import annotations
@@ -43,17 +44,24 @@ VARIANTS: dict[str, Builder] = {
     "boundary": lambda b: Variant(
         "boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=b.repair.boundary_tokens), OFF
     ),
+    # EPIC's upper setting: the first 32 tokens of every moved run
+    "boundary32": lambda b: Variant("boundary32", "reuse", RepairConfig(strategy="boundary", boundary_tokens=32), OFF),
     "cacheblend": lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
     "default": lambda b: Variant("default", "reuse", b.repair, b.exactness),
-    # each of the default's two steps after CacheBlend, alone
-    "verify": lambda b: Variant(
-        "verify",
-        "reuse",
-        b.cacheblend,
-        ExactnessConfig(verify_margin=b.exactness.verify_margin or ExactnessConfig().verify_margin, refresh=False),
-    ),
+    # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
+    # refreshed after the first token, and both (the opt-in exact answer)
+    "verify": lambda b: Variant("verify", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=None)),
     "refresh": lambda b: Variant("refresh", "reuse", b.cacheblend, ExactnessConfig(verify_margin=0.0, refresh=True)),
+    "exact": lambda b: Variant("exact", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=1, refresh=True)),
 }
+
+
+def _verifying(baseline: Baseline) -> ExactnessConfig:
+    """The baseline's exactness with verification on (at the default margin where it is off)."""
+    margin = baseline.exactness.verify_margin or ExactnessConfig().verify_margin
+    return replace(baseline.exactness, verify_margin=margin, refresh=False)
+
+
 DEFAULT_VARIANTS = ("full", "none", "boundary", "cacheblend", "default")
 
 

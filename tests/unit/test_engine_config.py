@@ -120,3 +120,16 @@ def test_repair_with_strategy_overrides() -> None:
     assert repair.with_strategy("boundary") == RepairConfig(strategy="boundary", rho=0.3)
     whole = RepairConfig(strategy="none")
     assert repair.with_strategy(whole) is whole
+
+
+def test_exactness_defaults_save_work_and_checks_follow_verify_tokens() -> None:
+    default = ExactnessConfig()
+    assert not default.refresh, "refresh is opt-in: it costs a full prefill after the first token"
+    assert default.checks(0) and not default.checks(1), "the first token only"
+    every = ExactnessConfig(verify_tokens=None)
+    assert every.checks(0) and every.checks(50)
+    assert not ExactnessConfig(verify_tokens=0).checks(0) and not ExactnessConfig.off().checks(0)
+    assert ExactnessConfig.exact_answer().refresh and ExactnessConfig.exact_answer().checks(0)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="verify_tokens"):
+            ExactnessConfig(verify_tokens=bad)  # type: ignore[arg-type]

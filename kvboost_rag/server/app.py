@@ -1,0 +1,171 @@
+"""The OpenAI-compatible HTTP server: one engine, many clients.
+
+Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/health`, and ours under
+`/kvboost/` (warm documents, store stats, prune). Generation runs in worker threads, so the event
+loop keeps accepting (and refusing, past the queue) while the model works; forward passes of
+concurrent requests take the engine's model lock one at a time.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
+from ..engine.result import GenerationResult
+from .admission import Admission
+from .errors import APIError, install_handlers
+from .options import stream_arguments
+from .responses import ChunkWriter, chat_completion, new_id, text_completion
+from .schemas import ChatCompletionRequest, CompletionRequest, PruneRequest, WarmRequest
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    model_name: str | None = None  # the name clients send; None: the engine's
+    api_key: str | None = None
+    max_running: int = 4  # requests decoding at once (their passes interleave on the model lock)
+    max_waiting: int = 16
+
+
+def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    served = settings.model_name or engine.name
+    admission = Admission(settings.max_running, settings.max_waiting)
+    app = FastAPI(title="kvboost-rag", summary="OpenAI-compatible server with position-independent KV reuse")
+    install_handlers(app)
+
+    def authorized(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), settings.api_key):
+            raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+
+    def check_model(name: str) -> None:
+        if name != served:
+            raise APIError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
+
+    def start(prompt: Any, body: ChatCompletionRequest | CompletionRequest) -> GenerationStream:
+        """The engine's stream, every argument checked: a refusal here is a 4xx before any model work."""
+        try:
+            return engine.stream(prompt, **stream_arguments(body))
+        except PromptTooLongError as error:
+            raise APIError(400, str(error), param="messages", code="context_length_exceeded") from None
+        except (TypeError, ValueError) as error:
+            raise APIError(400, str(error)) from None
+
+    async def run(prompt: Any, body: ChatCompletionRequest | CompletionRequest, chat: bool) -> Any:
+        check_model(body.model)
+        body.refuse_unsupported()
+        admission.enter()
+        try:
+            stream = start(prompt, body)
+        except BaseException:
+            admission.leave()
+            raise
+        request_id = new_id("chatcmpl" if chat else "cmpl")
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            events = _events(stream, ChunkWriter(request_id, served, chat), include_usage, admission)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            result = await anyio.to_thread.run_sync(_drain, stream)
+        finally:
+            stream.close()
+            admission.leave()
+        return (chat_completion if chat else text_completion)(request_id, served, result)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": served, "active_requests": admission.active}
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models() -> dict[str, Any]:
+        card = {"id": served, "object": "model", "created": 0, "owned_by": "kvboost-rag"}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name}", dependencies=[Depends(authorized)])
+    async def model(name: str) -> dict[str, Any]:
+        check_model(name)
+        return {"id": served, "object": "model", "created": 0, "owned_by": "kvboost-rag"}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
+        # the engine keeps each turn's new tokens and answer, so the next turn reuses its history
+        return await run(body.chat_messages(), body, True)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(body: CompletionRequest) -> Any:
+        return await run(body.prompt_text(), body, False)
+
+    @app.post("/kvboost/warm", dependencies=[Depends(authorized)])
+    async def warm(body: WarmRequest) -> dict[str, Any]:
+        try:
+            report = await anyio.to_thread.run_sync(lambda: engine.warm(body.documents, pin=body.pin))
+        except (TypeError, ValueError) as error:
+            raise APIError(400, str(error), param="documents") from None
+        return {**asdict(report), "encoded_documents": report.encoded_documents}
+
+    @app.get("/kvboost/store", dependencies=[Depends(authorized)])
+    async def store_stats() -> dict[str, Any]:
+        tiers = [{"tier": type(t).__name__, "models": [asdict(m) for m in t.stats()]} for t in _persistent(engine)]
+        return {"memory": asdict(engine.store.stats()), "persistent": tiers}
+
+    @app.post("/kvboost/store/prune", dependencies=[Depends(authorized)])
+    async def prune(body: PruneRequest) -> dict[str, Any]:
+        tiers = _persistent(engine)
+        if not tiers:
+            raise APIError(400, "this server keeps chunks in memory only: nothing to prune", param="budget_bytes")
+        evicted = await anyio.to_thread.run_sync(lambda: sum(t.prune(body.budget_bytes) for t in tiers))
+        return {"evicted_chunks": evicted}
+
+    return app
+
+
+def _persistent(engine: KVBoostRAG) -> list[Any]:
+    return [t for t in engine.store.tiers if hasattr(t, "prune") and hasattr(t, "stats")]
+
+
+def _drain(stream: GenerationStream) -> GenerationResult:
+    for _ in stream:
+        pass
+    assert stream.result is not None
+    return stream.result
+
+
+_END = object()
+
+
+def _next_delta(stream: GenerationStream) -> Any:
+    return next(stream, _END)
+
+
+async def _events(
+    stream: GenerationStream,
+    writer: ChunkWriter,
+    include_usage: bool,
+    admission: Admission,
+) -> AsyncIterator[str]:
+    """SSE events as tokens come. A client that goes away cancels this at its next await: the
+    token being computed finishes (the thread is not abandoned), then the stream is closed, so
+    the model is free for the next request."""
+    try:
+        opening = writer.start()
+        if opening:
+            yield opening
+        while (delta := await anyio.to_thread.run_sync(_next_delta, stream)) is not _END:
+            yield writer.delta(delta)
+        assert stream.result is not None
+        for event in writer.finish(stream.result, include_usage):
+            yield event
+    finally:
+        stream.close()
+        admission.leave()

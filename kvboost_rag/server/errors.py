@@ -1,0 +1,74 @@
+"""Errors in the OpenAI API's shape, so every client raises its own exception class for them.
+
+`{"error": {"message", "type", "param", "code"}}` with a 4xx status: bad input never reaches the
+engine as a 500, and FastAPI's default 422 body is replaced by this shape (400, as OpenAI answers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class APIError(Exception):
+    """A request the server refuses: its HTTP status and OpenAI's error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def unsupported(param: str, why: str = "is not supported by this server") -> APIError:
+    return APIError(400, f"'{param}' {why}", param=param, code="unsupported_parameter")
+
+
+def _validation_message(error: dict[str, Any]) -> tuple[str, str | None]:
+    """One readable line for pydantic's first error, and the parameter it names."""
+    location = [str(part) for part in error.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    kind = error.get("type", "")
+    if kind == "json_invalid":
+        return "the request body is not valid JSON", None
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
+    if kind == "missing":
+        return f"'{param}' is a required property", param
+    return f"invalid value for '{param}': {error.get('msg', 'invalid')}", param
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every refusal answered in OpenAI's shape."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        errors = error.errors()
+        message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
+        return APIError(400, message, param=param, code="invalid_value" if param else None).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        code = "not_found" if error.status_code == 404 else None
+        return APIError(error.status_code, str(error.detail), type=kind, code=code, headers=error.headers).response()

@@ -1,0 +1,188 @@
+"""Request bodies of the OpenAI-compatible endpoints and of our own.
+
+Every field the OpenAI API defines is named here: the ones we implement are used, the others are
+accepted only at their no-op value (`n` 1, penalties 0, ...) and refused by name otherwise
+(`refuse_unsupported`). A field OpenAI does not define is refused as OpenAI refuses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from .errors import APIError, unsupported
+
+Number = StrictInt | StrictFloat
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Strict):
+    include_usage: StrictBool = False
+
+
+class TextPart(BaseModel):
+    """A content part; only text parts are served (an image part is refused by name)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+    # what assistant turns of tool-using clients carry: refused unless empty
+    tool_calls: list[Any] | None = None
+    tool_call_id: StrictStr | None = None
+    refusal: StrictStr | None = None
+
+    def text(self, index: int) -> str:
+        where = f"messages[{index}]"
+        if self.role in ("tool", "function") or self.tool_calls or self.tool_call_id:
+            raise unsupported(f"{where}.role", f"'{self.role}' messages and tool calls are not supported")
+        if self.content is None:
+            if self.role == "assistant":
+                return ""
+            raise APIError(400, f"'{where}.content' is required", param=f"{where}.content")
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for j, part in enumerate(self.content):
+            if part.type != "text" or part.text is None:
+                raise unsupported(f"{where}.content[{j}]", f"parts of type '{part.type}' are not supported")
+            texts.append(part.text)
+        return "".join(texts)
+
+
+class KVBoostOptions(Strict):
+    """Our own options, under one extra object so they never collide with OpenAI's."""
+
+    top_k: StrictInt | None = Field(None, ge=0)
+    mode: Literal["full", "prefix", "reuse"] | None = None
+    repair: Literal["none", "boundary", "cacheblend"] | None = None
+    refresh: StrictBool | None = None  # the opt-in exact answer: the prompt recomputed after the first token
+    store_prompt: StrictBool | None = None
+    timeout_s: Number | None = Field(None, gt=0)
+
+
+class GenerationFields(Strict):
+    """What chat and completions requests share."""
+
+    model: StrictStr
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: Number | None = Field(None, ge=0, le=2)
+    top_p: Number | None = Field(None, gt=0, le=1)
+    seed: StrictInt | None = None
+    user: StrictStr | None = None  # metadata OpenAI keeps for abuse monitoring; nothing to do here
+    kvboost: KVBoostOptions | None = None
+    # defined by OpenAI, served at their no-op value only
+    n: StrictInt | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    logit_bias: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        if self.n not in (None, 1):
+            raise unsupported("n", "must be 1: one choice per request")
+        if self.logprobs not in (None, False, 0):
+            raise unsupported("logprobs")
+        if self.top_logprobs not in (None, 0):
+            raise unsupported("top_logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0):
+                raise unsupported(name, "must be 0: penalties are not supported")
+        if self.logit_bias:
+            raise unsupported("logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[StrictStr] | None = None
+    audio: Any = None
+    reasoning_effort: Any = None
+    store: StrictBool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.tools and self.tool_choice != "none":
+            raise unsupported("tools", "are not supported unless tool_choice is 'none'")
+        if self.functions or self.function_call not in (None, "none"):
+            raise unsupported("functions")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise unsupported("response_format", "must be {'type': 'text'}")
+        if self.modalities not in (None, ["text"]):
+            raise unsupported("modalities", "must be ['text']")
+        for name in ("audio", "reasoning_effort", "prediction", "web_search_options"):
+            if getattr(self, name) is not None:
+                raise unsupported(name)
+        if self.store:
+            raise unsupported("store", "must be false: completions are not stored")
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them (developer is the system role)."""
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            for i, m in enumerate(self.messages)
+        ]
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(GenerationFields):
+    prompt: StrictStr | list[StrictStr]
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo:
+            raise unsupported("echo")
+        if self.best_of not in (None, 1):
+            raise unsupported("best_of", "must be 1")
+        if self.suffix:
+            raise unsupported("suffix")
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise unsupported("prompt", "must be one string (a list of one): one choice per request")
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def token_limit(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default for completions
+
+
+class WarmRequest(Strict):
+    documents: list[StrictStr] = Field(min_length=1)
+    pin: StrictBool = False
+
+
+class PruneRequest(Strict):
+    budget_bytes: StrictInt = Field(ge=0)

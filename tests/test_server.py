@@ -1,0 +1,394 @@
+"""`kvboost-rag serve`: the OpenAI-compatible server, tested over real HTTP with real clients.
+
+Each server runs uvicorn in a thread on a free loopback port. The official `openai` client,
+LangChain's `ChatOpenAI` and LlamaIndex's `OpenAILike` talk to it as they would to OpenAI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.eval.prompt import rag_messages
+from kvboost_rag.server import ServerSettings, create_app
+
+KEY = "test-key"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(engine: KVBoostRAG, settings: ServerSettings) -> Iterator[str]:
+    """The server on a free port until the block ends; yields its /v1 base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def new_engine(model: KVBoostRAG) -> KVBoostRAG:
+    return KVBoostRAG(model.model, model.tokenizer, EngineConfig(store="memory"), name=model.name)
+
+
+@pytest.fixture(scope="module")
+def server(engine: KVBoostRAG) -> Iterator[tuple[str, KVBoostRAG]]:
+    """The default model behind an API key."""
+    served = new_engine(engine)
+    with serving(served, ServerSettings(model_name="smollm", api_key=KEY)) as url:
+        yield url, served
+
+
+@pytest.fixture(scope="module")
+def client(server: tuple[str, KVBoostRAG]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server[0], api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir: Path) -> KVBoostRAG:
+    return KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", store="memory")
+
+
+def raw(url: str, path: str, body: object, key: str | None = KEY) -> httpx.Response:
+    """A POST as any HTTP client could send it (bytes as given, not validated by a client)."""
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"} if key else {}
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(url.removesuffix("/v1") + path, content=content, headers=headers, timeout=120)
+
+
+# the official client ---------------------------------------------------------------------
+def test_chat_completion_as_openai_shapes_it(client: openai.OpenAI, engine: KVBoostRAG) -> None:
+    messages = [{"role": "user", "content": "Name a primary colour."}]
+    response = client.chat.completions.create(model="smollm", messages=messages, temperature=0, max_tokens=6)
+    choice = response.choices[0]
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    usage = response.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens and 0 < usage.completion_tokens <= 6
+    expected = new_engine(engine).generate(messages, max_new_tokens=6)
+    assert choice.message.content == expected.text, "greedy: the engine's own answer"
+    assert usage.prompt_tokens == expected.prompt_tokens
+    extra = response.model_extra["kvboost"]
+    assert extra["ttft_s"] > 0 and "repair_tokens" in extra
+
+
+def test_warmed_documents_are_reused_and_counted_as_cached(
+    client: openai.OpenAI, server: tuple[str, KVBoostRAG], passages: list[str]
+) -> None:
+    documents = passages[:4]
+    warmed = raw(server[0], "/kvboost/warm", {"documents": documents, "pin": True})
+    assert warmed.status_code == 200 and warmed.json()["documents"] == 4
+    again = raw(server[0], "/kvboost/warm", {"documents": documents})
+    assert again.json()["skipped_documents"] == 4, "warm twice: no model work"
+    shuffled = documents[::-1]
+    response = client.chat.completions.create(
+        model="smollm", messages=rag_messages("what is the first passage about?", shuffled), temperature=0, max_tokens=4
+    )
+    usage = response.usage
+    assert usage.prompt_tokens_details.cached_tokens > 0.7 * usage.prompt_tokens
+    stats = httpx.get(server[0].removesuffix("/v1") + "/kvboost/store", headers={"Authorization": f"Bearer {KEY}"})
+    assert stats.status_code == 200 and stats.json()["memory"]["pinned"] > 0
+
+
+def test_streamed_chat_equals_the_whole_answer(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Count from one to five."}]
+    whole = client.chat.completions.create(model="smollm", messages=messages, temperature=0, max_tokens=10)
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm",
+            messages=messages,
+            temperature=0,
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2, "deltas as tokens come"
+
+
+def test_completions_whole_and_streamed(client: openai.OpenAI) -> None:
+    whole = client.completions.create(model="smollm", prompt="The capital of France is", temperature=0, max_tokens=5)
+    assert whole.object == "text_completion" and whole.choices[0].finish_reason in ("stop", "length")
+    streamed = client.completions.create(
+        model="smollm", prompt="The capital of France is", temperature=0, max_tokens=5, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
+
+
+def test_stream_ends_with_done(server: tuple[str, KVBoostRAG]) -> None:
+    body = {"model": "smollm", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True}
+    with httpx.stream(
+        "POST", server[0] + "/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    ) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+
+
+def test_models_unknown_model_and_wrong_key(client: openai.OpenAI, server: tuple[str, KVBoostRAG]) -> None:
+    assert [m.id for m in client.models.list()] == ["smollm"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.code == "model_not_found"
+    stranger = openai.OpenAI(base_url=server[0], api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "hi"}])
+    assert raw(server[0], "/v1/chat/completions", {"model": "smollm"}, key=None).status_code == 401
+    assert httpx.get(server[0].removesuffix("/v1") + "/health").json()["status"] == "ok"
+
+
+def test_prompt_over_the_context_window(client: openai.OpenAI, engine: KVBoostRAG) -> None:
+    long_text = "word " * (engine.max_context + 100)
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": long_text}])
+    assert error.value.code == "context_length_exceeded"
+
+
+USER = [{"role": "user", "content": "hi"}]
+BAD_BODIES = [
+    ("n", {"messages": USER, "n": 2}),
+    ("logprobs", {"messages": USER, "logprobs": True}),
+    ("tools", {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}),
+    ("response_format", {"messages": USER, "response_format": {"type": "json_object"}}),
+    ("presence_penalty", {"messages": USER, "presence_penalty": 0.5}),
+    ("frequency_penalty", {"messages": USER, "frequency_penalty": -1}),
+    ("logit_bias", {"messages": USER, "logit_bias": {"50256": -100}}),
+    ("content[0]", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+    ("messages", {"messages": []}),
+    ("messages", {}),
+    ("max_tokens", {"messages": USER, "max_tokens": "ten"}),
+    ("max_tokens", {"messages": USER, "max_tokens": 0}),
+    ("temperature", {"messages": USER, "temperature": 3}),
+    ("frobnicate", {"messages": USER, "frobnicate": 1}),
+    ("stream_options", {"messages": USER, "stream_options": {"include_usage": True}}),
+    ("role", {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}),
+    ("stop", {"messages": USER, "stop": [""]}),
+    ("top_k", {"messages": USER, "kvboost": {"top_k": -1}}),
+]
+BAD_COMPLETIONS = [
+    ("echo", {"prompt": "x", "echo": True}),
+    ("best_of", {"prompt": "x", "best_of": 2}),
+    ("suffix", {"prompt": "x", "suffix": "y"}),
+    ("prompt", {"prompt": ["a", "b"]}),
+    ("prompt", {"prompt": [1, 2, 3]}),
+]
+
+
+@pytest.mark.parametrize(("param", "body"), BAD_BODIES + BAD_COMPLETIONS, ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_input_is_a_4xx_in_openais_shape(server: tuple[str, KVBoostRAG], param: str, body: dict) -> None:
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    response = raw(server[0], path, {"model": "smollm", **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert param in error["message"] or param in (error["param"] or ""), error
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", "null"])
+def test_malformed_json_is_a_400(server: tuple[str, KVBoostRAG], body: bytes) -> None:
+    response = raw(server[0], "/v1/chat/completions", body)
+    assert response.status_code == 400 and "error" in response.json()
+
+
+def test_warm_and_prune_refuse_bad_input(server: tuple[str, KVBoostRAG]) -> None:
+    assert raw(server[0], "/kvboost/warm", {"documents": []}).status_code == 400
+    assert raw(server[0], "/kvboost/warm", {"documents": ["ok", 3]}).status_code == 400
+    assert raw(server[0], "/kvboost/warm", {"documents": "one text"}).status_code == 400
+    assert raw(server[0], "/kvboost/warm", {"documents": ["ok"], "pin": "yes"}).status_code == 400
+    response = raw(server[0], "/kvboost/store/prune", {"budget_bytes": 0})
+    assert response.status_code == 400 and "memory only" in response.json()["error"]["message"]
+
+
+# a conversation ------------------------------------------------------------------------------
+def test_the_next_turn_reuses_the_history(client: openai.OpenAI) -> None:
+    messages = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Tell me something about the moon and about tides on the coast."},
+    ]
+    shares = []
+    for turn in range(3):
+        response = client.chat.completions.create(model="smollm", messages=messages, temperature=0, max_tokens=16)
+        usage = response.usage
+        shares.append(usage.prompt_tokens_details.cached_tokens / usage.prompt_tokens)
+        messages += [
+            {"role": "assistant", "content": response.choices[0].message.content},
+            {"role": "user", "content": f"Tell me one more thing, number {turn + 2}."},
+        ]
+    assert shares[0] == 0.0 and min(shares[1:]) > 0.6, shares
+
+
+# frameworks pointed at the server --------------------------------------------------------------
+def test_langchain_chat_openai_in_an_lcel_rag_chain(server: tuple[str, KVBoostRAG], passages: list[str]) -> None:
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+    from langchain_openai import ChatOpenAI
+
+    raw(server[0], "/kvboost/warm", {"documents": passages[4:8]})
+    llm = ChatOpenAI(base_url=server[0], api_key=KEY, model="smollm", temperature=0, max_tokens=8, max_retries=0)
+    retriever = RunnableLambda(lambda question: "\n\n".join(reversed(passages[4:8])))
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer from the documents."), ("user", "{context}\n\n{question}")]
+    )
+    chain = {"context": retriever, "question": RunnablePassthrough()} | prompt | llm
+    message = chain.invoke("What are these documents about?")
+    assert message.content and message.usage_metadata["input_token_details"]["cache_read"] > 0
+    streamed = "".join(
+        (prompt | llm | StrOutputParser()).stream({"context": "Paris is in France.", "question": "Where?"})
+    )
+    assert streamed
+
+
+def test_llama_index_openai_like_in_a_query_engine(server: tuple[str, KVBoostRAG], passages: list[str]) -> None:
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.llms.openai_like import OpenAILike
+
+    llm = OpenAILike(
+        api_base=server[0],
+        api_key=KEY,
+        model="smollm",
+        is_chat_model=True,
+        context_window=8192,
+        max_tokens=8,
+        temperature=0,
+        max_retries=0,
+    )
+    index = VectorStoreIndex.from_documents(
+        [Document(text=p) for p in passages[8:12]], embed_model=MockEmbedding(embed_dim=8)
+    )
+    response = index.as_query_engine(llm=llm, similarity_top_k=2).query("What is the first document about?")
+    assert str(response).strip() and len(response.source_nodes) == 2
+
+
+# one model, many clients -----------------------------------------------------------------------
+def test_full_queue_is_a_429_and_a_disconnect_frees_the_model(tiny_engine: KVBoostRAG) -> None:
+    with serving(tiny_engine, ServerSettings(max_running=1, max_waiting=0)) as url:
+        model = tiny_engine.name
+        body = {"model": model, "messages": USER, "max_tokens": 1500, "temperature": 0, "stream": True}
+        health = url.removesuffix("/v1") + "/health"
+        with httpx.stream("POST", url + "/chat/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines), next(lines)  # the stream is running
+            busy = httpx.post(url + "/chat/completions", json={**body, "stream": False}, timeout=60)
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+            assert busy.json()["error"]["code"] == "rate_limit_exceeded"
+        # the client went away: its generation stops after the current token
+        deadline = time.monotonic() + 10
+        while httpx.get(health).json()["active_requests"]:
+            assert time.monotonic() < deadline, "the abandoned stream still holds the model"
+            time.sleep(0.02)
+        started = time.monotonic()
+        done = httpx.post(url + "/chat/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=60)
+        assert done.status_code == 200 and time.monotonic() - started < 5
+
+
+def test_eight_streaming_clients_200_requests(tiny_engine: KVBoostRAG) -> None:
+    """0 errors, nothing lost or cut short, and greedy answers equal the sequential ones."""
+    prompts = [[{"role": "user", "content": f"Question {i}: what is {i} plus {i}?"}] for i in range(20)]
+    expected = [tiny_engine.generate(p, max_new_tokens=8).text for p in prompts]
+    with serving(tiny_engine, ServerSettings(max_running=8, max_waiting=8)) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        order = [i % len(prompts) for i in range(200)]
+        random.Random(0).shuffle(order)
+        lock, failures, ttfts, rates = threading.Lock(), [], [], []
+
+        def worker(mine: list[int]) -> None:
+            for i in mine:
+                started = time.perf_counter()
+                try:
+                    stream = client.chat.completions.create(
+                        model=tiny_engine.name, messages=prompts[i], max_tokens=8, temperature=0, stream=True
+                    )
+                    text, first, finish = "", None, None
+                    for chunk in stream:
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            first = first or time.perf_counter() - started
+                            text += chunk.choices[0].delta.content
+                        if chunk.choices and chunk.choices[0].finish_reason:
+                            finish = chunk.choices[0].finish_reason
+                    elapsed = time.perf_counter() - started
+                    with lock:
+                        if text != expected[i] or finish is None:
+                            failures.append((i, text, expected[i], finish))
+                        ttfts.append(first or elapsed)
+                        rates.append(8 / elapsed)
+                except Exception as error:  # noqa: BLE001 - every failure is counted, then asserted
+                    with lock:
+                        failures.append((i, repr(error)))
+
+        threads = [threading.Thread(target=worker, args=(order[k::8],)) for k in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    assert failures == [] and len(ttfts) == 200
+    p50, p95 = statistics.median(ttfts), statistics.quantiles(ttfts, n=20)[18]
+    print(
+        f"\n200 streamed requests, 8 clients: TTFT p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, "
+        f"{statistics.median(rates):.1f} tokens/s per request"
+    )
+
+
+def test_cli_serve_reads_its_settings_from_the_environment(tiny_model_dir: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "KVBOOST_RAG_PORT": str(port), "KVBOOST_RAG_STORE": "memory", "KVBOOST_RAG_API_KEY": KEY}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvboost_rag.cli", "serve", "--model", str(tiny_model_dir), "--dtype", "float32"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "kvboost-rag serve did not come up"
+            time.sleep(0.2)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert models.status_code == 200 and models.json()["data"][0]["id"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
