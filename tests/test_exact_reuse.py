@@ -83,8 +83,27 @@ def test_the_next_chat_turn_finds_the_last_answer(fresh_engine: KVBoostRAG) -> N
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And Mars?"}]
     second = fresh_engine.generate(messages, max_new_tokens=2)
     answer_tokens = len(fresh_engine.tokenizer(first.text, add_special_tokens=False).input_ids)
-    assert second.reused_tokens >= first.prompt_tokens + answer_tokens - 2
-    assert second.computed_tokens <= second.prompt_tokens - second.reused_tokens
+    assert second.reused_exact_tokens >= first.prompt_tokens + answer_tokens - 2
+    assert second.reused_approximate_tokens == 0, "kept in place after the same tokens: EXACT"
+    reused, plan = fresh_engine.next_token_logits(messages)
+    full, _ = fresh_engine.next_token_logits(messages, mode="full")
+    assert plan.tokens("exact") == second.reused_exact_tokens
+    assert (reused - full).abs().max().item() <= 1e-3, "the history's KV is full prefill's"
+    moved = [{"role": "system", "content": "Be brief."}, *messages]  # the history moves: not EXACT there
+    assert fresh_engine.plan(moved).tokens("approximate") > 0 and fresh_engine.plan(moved).tokens("exact") == 0
     quiet = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, EngineConfig(store="memory"), name="quiet")
     quiet.generate(messages[:1], max_new_tokens=20, store_prompt=False)
     assert quiet.generate(messages, max_new_tokens=2).reused_tokens == 0, "store_prompt=False keeps nothing"
+
+
+def test_a_chats_history_stays_in_memory_not_in_the_shared_store(engine: KVBoostRAG, tmp_path) -> None:
+    """The persistent store is the corpus other workers share: a conversation's tail is this
+    process's, so it is kept in memory only."""
+    with_disk = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store=str(tmp_path / "store")), name="disk")
+    messages = [{"role": "user", "content": "Describe the moon in one sentence, then the sun in another."}]
+    first = with_disk.generate(messages, max_new_tokens=12)
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And Mars?"}]
+    assert with_disk.generate(messages, max_new_tokens=1).reused_exact_tokens > first.prompt_tokens - 2
+    (disk,) = with_disk.store.tiers
+    assert sum(m.documents + m.chunks for m in disk.stats()) == 0
+    with_disk.store.close()

@@ -273,9 +273,9 @@ class KVBoostRAG:
         """The turn's new tokens and answer, kept for the next turn of the conversation."""
         tail = conversation_tail(request, 2 * self.config.match_window - 1)
         if tail is not None:
-            tokens, slots, start = tail
+            sequence, slots, start = tail
             keys, values = gather_slots(request.cache, slots)
-            self._warmer.keep(tokens, keys, values, start)
+            self._warmer.keep(sequence, start, keys, values, exact=request.exact)
 
     def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
         with self.store.serving():  # the plan's chunks are not evicted while it is made

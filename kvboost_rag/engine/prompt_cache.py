@@ -47,8 +47,9 @@ def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, requ
 
 
 def conversation_tail(request: Request, min_tokens: int) -> tuple[np.ndarray, torch.Tensor, int] | None:
-    """The tokens after the prompt's last reused one, with the answer's: their ids, cache slots
-    and first position; None when shorter than `min_tokens` (too short to be found again).
+    """The prompt and the answer as one sequence, the cache slots of its tail (the tokens after
+    the prompt's last reused one, with the answer's) and where that tail starts; None when the
+    tail is shorter than `min_tokens` (too short to be found again).
 
     An answer that ended at end-of-sequence fed every token it kept; one cut by the token
     limit or a stop string never fed its last, whose KV is not there."""
@@ -56,9 +57,9 @@ def conversation_tail(request: Request, min_tokens: int) -> tuple[np.ndarray, to
     assert plan is not None and request.slot_positions is not None
     reused_end = max((s.end for s in plan.segments if s.kind != "computed"), default=0)
     answer = request.generated if request.finish == "eos" else request.generated[:-1]
-    tokens = np.concatenate([request.tokens[reused_end:], np.asarray(answer, dtype=np.int64)])
-    if len(tokens) < min_tokens:
+    sequence = np.concatenate([request.tokens, np.asarray(answer, dtype=np.int64)])
+    if len(sequence) - reused_end < min_tokens:
         return None
     prompt_slots = torch.argsort(request.slot_positions)[reused_end:]
     answer_slots = torch.arange(len(request.tokens), len(request.tokens) + len(answer), device=prompt_slots.device)
-    return tokens, torch.cat([prompt_slots, answer_slots]), reused_end
+    return sequence, torch.cat([prompt_slots, answer_slots]), reused_end

@@ -14,7 +14,15 @@ from ..config import EngineConfig
 from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.model import model_shape
 from ..ops.quantization import QuantizedTensor, quantize_keys, quantize_values
-from ..plan.keys import KeySpace, chained_prefix_hashes, content_hash, document_hash
+from ..plan.keys import (
+    KeySpace,
+    PrefixHash,
+    chained_prefix_hashes,
+    content_hash,
+    document_hash,
+    in_place_key,
+    span_hashes,
+)
 from ..store.entry import ChunkEntry, DocumentRecord, value_norm
 from ..store.memory import ChunkStore
 from .inputs import check_document
@@ -92,16 +100,34 @@ class Warmer:
         keys, values = stacked_kv(cache)
         # NOTE: after a warm prefix the chunks' context is not the document alone, so they are
         # APPROXIMATE candidates only; without one, a prompt starting with the document hits EXACT.
-        return self.store_document(doc_key, tokens, keys[:, :, start:], values[:, :, start:], start, exact=start == 0)
+        prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, self.boundaries(tokens)) if start == 0 else None
+        return self.store_document(doc_key, tokens, keys[:, :, start:], values[:, :, start:], start, prefixes)
 
-    def keep(self, tokens: np.ndarray, keys: torch.Tensor, values: torch.Tensor, base_position: int) -> int:
-        """Store KV a request computed anyway (a conversation's new turn and its answer) as a
-        document found at any offset: no model work. Returns the chunks stored."""
-        doc_key = document_hash(self.keys.document, tokens)
+    def keep(
+        self,
+        sequence: np.ndarray,
+        start: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        exact: bool,
+    ) -> int:
+        """Store KV a request computed anyway (`sequence[start:]`: a conversation's new turn and
+        its answer) as a document found at any offset: no model work. `exact`: it was computed
+        on exact KV, so where it stands after the same tokens it is served as EXACT (each
+        chunk's `in_place_key`). Returns the chunks stored."""
+        tokens = sequence[start:]
+        prefixes = None
+        if exact:
+            cuts = self.boundaries(tokens)
+            contexts = span_hashes(self.keys.stored_kv, sequence, [start + cut for cut in cuts[:-1]])
+            contents = [content_hash(self.keys.document, tokens[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+            prefixes = [in_place_key(context, content) for context, content in zip(contexts, contents)]
+        # in place, the span's identity is its whole context; moved, its tokens alone
+        doc_key = prefixes[-1] if prefixes else document_hash(self.keys.document, tokens)
         with self.store.serving():
             if self.store.has_document(doc_key):
                 return 0
-            return self.store_document(doc_key, tokens, keys, values, base_position, exact=False)
+            return self.store_document(doc_key, tokens, keys, values, start, prefixes, persist=False)
 
     def store_document(
         self,
@@ -110,13 +136,14 @@ class Warmer:
         keys: torch.Tensor,
         values: torch.Tensor,
         base_position: int,
+        prefixes: list[PrefixHash] | None,
         *,
-        exact: bool,
+        persist: bool = True,
     ) -> int:
         """A document's chunks from its KV [L, H, len(tokens), D], computed at `base_position`..;
-        `exact`: computed alone from position 0, so its chunks are EXACT prefix candidates too."""
+        `prefixes`: each chunk's EXACT key where its KV is full prefill's (None: moved only);
+        `persist`: into the persistent tiers too (a warmed corpus), or memory only (a chat)."""
         boundaries = self.boundaries(tokens)
-        prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, boundaries) if exact else None
         fingerprint = self.keys.document
         spans = list(zip(boundaries[:-1], boundaries[1:]))
         contents = [content_hash(fingerprint, tokens[s:e]) for s, e in spans]
@@ -134,8 +161,8 @@ class Warmer:
                 next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
                 importance=value_norm(values[:, :, kv_slice]),
             )
-            stored += self.store.put(entry)
-        self.store.add_document(DocumentRecord(doc_key, fingerprint, tuple(contents), len(tokens)))
+            stored += self.store.put(entry, persist=persist)
+        self.store.add_document(DocumentRecord(doc_key, fingerprint, tuple(contents), len(tokens)), persist=persist)
         return stored
 
     def _kept(self, kv: torch.Tensor, quantizer: Any) -> torch.Tensor | QuantizedTensor:

@@ -44,6 +44,31 @@ def chained_prefix_hashes(
     return hashes
 
 
+def span_hashes(fingerprint: Fingerprint, tokens: Sequence[int] | np.ndarray, ends: Sequence[int]) -> list[PrefixHash]:
+    """For each end, a hash of every token before it: the identity of KV computed in place.
+
+    A token's KV depends on it and on all it follows, so a span whose hash (taken at the span's
+    end) matches was computed after the very same tokens at the very same positions: its KV is
+    what a full prefill would give there, at any cut, not only at chunk boundaries.
+    """
+    running = hashlib.sha256(b"span\0" + fingerprint)
+    raw, done, hashes = np.asarray(tokens, dtype=np.int64), 0, []
+    for end in ends:
+        if end < done:
+            raise ValueError("span ends must not decrease")
+        running.update(raw[done:end].tobytes())
+        done = end
+        hashes.append(PrefixHash(running.copy().digest()))
+    return hashes
+
+
+def in_place_key(context: PrefixHash, content: ContentHash) -> PrefixHash:
+    """The EXACT key of a chunk kept where it was computed: the span hash of every token before
+    it, with its own content hash. A prompt whose tokens before the chunk hash the same, and
+    that holds the chunk's first tokens there, reads exact KV for them, all or a prefix."""
+    return PrefixHash(hashlib.sha256(b"in-place\0" + context + content).digest())
+
+
 def content_hash(fingerprint: Fingerprint, tokens: Sequence[int]) -> ContentHash:
     """Hash of a chunk's tokens alone, wherever it stood."""
     return ContentHash(hashlib.sha256(b"content\0" + fingerprint + token_bytes(tokens)).digest())

@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 
 from ..config import Mode
-from .keys import ContentHash, Fingerprint, KeySpace, PrefixHash, WindowKey, chained_prefix_hashes, window_keys
+from .keys import (
+    ContentHash,
+    Fingerprint,
+    KeySpace,
+    PrefixHash,
+    WindowKey,
+    chained_prefix_hashes,
+    in_place_key,
+    span_hashes,
+    window_keys,
+)
 
 if TYPE_CHECKING:
     from ..store.entry import ChunkEntry
@@ -84,15 +94,17 @@ def plan_reuse(
     """The segments covering all of `tokens`; the last token is always computed (its logits)."""
     n = len(tokens)
     cached: list[Segment] = []
+    found: list[Segment] = []
     exact_chunks = 0
     if mode != "full" and store is not None:
         cached, exact_chunks = _exact_segments(tokens, boundaries, store, keys)
         if mode == "reuse":
             start = cached[-1].end if cached else 0
-            cached += _approximate_segments(tokens, start, store, keys.document)
+            found = _approximate_segments(tokens, start, store, keys.document)
+            cached += _in_place_exact(tokens, found, keys)
     cached = _leave_last_token(cached, n)
-    if store is not None:
-        store.mark_used(s.entry for s in cached if s.kind == "approximate" and s.entry is not None)
+    if store is not None:  # what the window index found counts as used (EXACT lookups count themselves)
+        store.mark_used(s.entry for s in found if s.entry is not None)
     segments = _fill_gaps(cached, n)
     # Approximate runs start at or after the last exact chunk's end, so no chunk counts twice.
     approx_chunks = _chunks_touched(boundaries, [s for s in segments if s.kind == "approximate"])
@@ -177,6 +189,30 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if diff.size else n
+
+
+def _in_place_exact(tokens: np.ndarray, segments: list[Segment], keys: KeySpace) -> list[Segment]:
+    """Found chunks that were computed after these very tokens, where they stand now (a chat's
+    history kept in place): their KV is full prefill's, so they are EXACT, not moved, whole or
+    a first part of them (the matcher confirmed those tokens)."""
+    in_place = [
+        i
+        for i, s in enumerate(segments)
+        if s.entry is not None
+        and s.entry.prefix_hash is not None
+        and s.offset == 0
+        and s.start == s.entry.base_position
+    ]
+    if not in_place:
+        return segments
+    contexts = span_hashes(keys.stored_kv, tokens, [segments[i].start for i in in_place])
+    promoted = list(segments)
+    for i, context in zip(in_place, contexts):
+        s = segments[i]
+        assert s.entry is not None
+        if s.entry.prefix_hash == in_place_key(context, s.entry.content_hash):
+            promoted[i] = Segment(s.start, s.end, "exact", s.entry, 0)
+    return promoted
 
 
 def _leave_last_token(cached: list[Segment], n: int) -> list[Segment]:

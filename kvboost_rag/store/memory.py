@@ -150,10 +150,11 @@ class ChunkStore:
         return any(self._safely(t, "document lookup", lambda: t.has_document(doc_key), False) for t in self.tiers)
 
     # writes ------------------------------------------------------------------------------
-    def put(self, entry: ChunkEntry) -> bool:
-        """Store an entry (document chunks in every tier too); False when it was there already or
+    def put(self, entry: ChunkEntry, *, persist: bool = True) -> bool:
+        """Store an entry (document chunks in every tier too, unless `persist` is False: a chat's
+        history is this process's, not the shared corpus'); False when it was there already or
         fits nowhere."""
-        tiers = self.tiers if entry.approximate_ok else []
+        tiers = self.tiers if entry.approximate_ok and persist else []
         in_tiers = [self._safely(t, "storing a chunk", lambda: t.put(entry), False) for t in tiers]
         return self._put_memory(entry) or any(in_tiers)
 
@@ -194,11 +195,11 @@ class ChunkStore:
                 return False
             return True
 
-    def add_document(self, record: DocumentRecord) -> None:
+    def add_document(self, record: DocumentRecord, *, persist: bool = True) -> None:
         """Record a document once all its chunks are stored (in a tier: only then is it complete)."""
         with self._lock:
             self._documents[record.doc_key] = list(record.chunks)
-        for tier in self.tiers:
+        for tier in self.tiers if persist else []:
             # NOTE: recorded only where every chunk is: a tier that failed to store one (a full
             # disk) keeps no document that would claim to be complete.
             if self._safely(tier, "storing a document", lambda: self._holds_all(tier, record), False):

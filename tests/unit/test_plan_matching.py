@@ -320,3 +320,18 @@ def test_a_document_repeated_in_the_prompt_is_reused_each_time(fakes, plan_check
     result = plan(fakes, prompt, store)
     plan_checker(result, prompt)
     assert covered(result) == [*range(0, 24), *range(27, 51)]
+
+
+def test_span_hashes_identify_every_token_before_each_end() -> None:
+    from kvboost_rag.plan.keys import Fingerprint, span_hashes
+
+    seed = Fingerprint(b"m" * 32)
+    tokens = np.arange(50, dtype=np.int64)
+    at_30, at_50 = span_hashes(seed, tokens, [30, 50])
+    assert span_hashes(seed, tokens[:30], [30]) == [at_30], "a hash at 30 reads the first 30 tokens only"
+    changed = tokens.copy()
+    changed[0] = 99
+    assert span_hashes(seed, changed, [30, 50]) != [at_30, at_50], "any earlier token changes it"
+    assert span_hashes(Fingerprint(b"n" * 32), tokens, [50]) != [at_50]
+    with pytest.raises(ValueError, match="decrease"):
+        span_hashes(seed, tokens, [30, 20])
