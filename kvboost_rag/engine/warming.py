@@ -15,6 +15,7 @@ from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.model import model_shape
 from ..ops.quantization import QuantizedTensor, quantize_keys, quantize_values
 from ..plan.keys import (
+    ContentHash,
     KeySpace,
     PrefixHash,
     chained_prefix_hashes,
@@ -98,10 +99,12 @@ class Warmer:
         with self.model_lock:
             forward_last_logits(self.model, ids, torch.arange(start, start + len(tokens), device=self.device), cache)
         keys, values = stacked_kv(cache)
+        cuts = self.boundaries(tokens)
         # NOTE: after a warm prefix the chunks' context is not the document alone, so they are
         # APPROXIMATE candidates only; without one, a prompt starting with the document hits EXACT.
-        prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, self.boundaries(tokens)) if start == 0 else None
-        return self.store_document(doc_key, tokens, keys[:, :, start:], values[:, :, start:], start, prefixes)
+        prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, cuts) if start == 0 else None
+        kv = keys[:, :, start:], values[:, :, start:]
+        return self.store_document(doc_key, tokens, cuts, self.contents(tokens, cuts), kv, start, prefixes)
 
     def keep(
         self,
@@ -116,37 +119,42 @@ class Warmer:
         on exact KV, so where it stands after the same tokens it is served as EXACT (each
         chunk's `in_place_key`). Returns the chunks stored."""
         tokens = sequence[start:]
+        cuts = self.boundaries(tokens)
+        contents = self.contents(tokens, cuts)
         prefixes = None
         if exact:
-            cuts = self.boundaries(tokens)
             contexts = span_hashes(self.keys.stored_kv, sequence, [start + cut for cut in cuts[:-1]])
-            contents = [content_hash(self.keys.document, tokens[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
             prefixes = [in_place_key(context, content) for context, content in zip(contexts, contents)]
         # in place, the span's identity is its whole context; moved, its tokens alone
         doc_key = prefixes[-1] if prefixes else document_hash(self.keys.document, tokens)
         with self.store.serving():
             if self.store.has_document(doc_key):
                 return 0
-            return self.store_document(doc_key, tokens, keys, values, start, prefixes, persist=False)
+            return self.store_document(doc_key, tokens, cuts, contents, (keys, values), start, prefixes, persist=False)
+
+    def contents(self, tokens: np.ndarray, cuts: list[int]) -> list[ContentHash]:
+        """The content hash of each chunk [cuts[i], cuts[i + 1]) of a document."""
+        return [content_hash(self.keys.document, tokens[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
     def store_document(
         self,
         doc_key: bytes,
         tokens: np.ndarray,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        cuts: list[int],
+        contents: list[ContentHash],
+        kv: tuple[torch.Tensor, torch.Tensor],
         base_position: int,
         prefixes: list[PrefixHash] | None,
         *,
         persist: bool = True,
     ) -> int:
-        """A document's chunks from its KV [L, H, len(tokens), D], computed at `base_position`..;
-        `prefixes`: each chunk's EXACT key where its KV is full prefill's (None: moved only);
-        `persist`: into the persistent tiers too (a warmed corpus), or memory only (a chat)."""
-        boundaries = self.boundaries(tokens)
+        """A document's chunks (cut at `cuts`, with their `contents` hashes) from its KV
+        [L, H, len(tokens), D], computed at `base_position`..; `prefixes`: each chunk's EXACT key
+        where its KV is full prefill's (None: moved only); `persist`: into the persistent tiers
+        too (a warmed corpus), or memory only (a chat)."""
+        keys, values = kv
         fingerprint = self.keys.document
-        spans = list(zip(boundaries[:-1], boundaries[1:]))
-        contents = [content_hash(fingerprint, tokens[s:e]) for s, e in spans]
+        spans = list(zip(cuts[:-1], cuts[1:]))
         stored = 0
         for i, (chunk_start, chunk_end) in enumerate(spans):
             kv_slice = slice(chunk_start, chunk_end)
