@@ -87,15 +87,16 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": served, "active_requests": admission.active}
 
+    card = {"id": served, "object": "model", "created": 0, "owned_by": "kvboost-rag"}
+
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models() -> dict[str, Any]:
-        card = {"id": served, "object": "model", "created": 0, "owned_by": "kvboost-rag"}
         return {"object": "list", "data": [card]}
 
     @app.get("/v1/models/{name}", dependencies=[Depends(authorized)])
     async def model(name: str) -> dict[str, Any]:
         check_model(name)
-        return {"id": served, "object": "model", "created": 0, "owned_by": "kvboost-rag"}
+        return card
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(body: ChatCompletionRequest) -> Any:
