@@ -318,6 +318,36 @@ def test_full_queue_is_a_429_and_a_disconnect_frees_the_model(tiny_engine: KVBoo
         assert done.status_code == 200 and time.monotonic() - started < 5
 
 
+def test_past_max_running_a_request_waits_for_a_place(tiny_engine: KVBoostRAG) -> None:
+    """One decodes, one waits (it does not start until the first ends), the next is a 429."""
+    with serving(tiny_engine, ServerSettings(max_running=1, max_waiting=1)) as url:
+        body = {"model": tiny_engine.name, "messages": USER, "max_tokens": 1500, "temperature": 0, "stream": True}
+        waiting: dict[str, object] = {}
+
+        def second() -> None:
+            short = {**body, "stream": False, "max_tokens": 2}
+            response = httpx.post(url + "/chat/completions", json=short, timeout=60)
+            waiting.update(status=response.status_code, done=time.monotonic())
+
+        with httpx.stream("POST", url + "/chat/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines), next(lines)  # the first request is decoding
+            thread = threading.Thread(target=second)
+            thread.start()
+            health = url.removesuffix("/v1") + "/health"
+            deadline = time.monotonic() + 10
+            while httpx.get(health).json()["active_requests"] < 2:
+                assert time.monotonic() < deadline, "the second request was not admitted"
+                time.sleep(0.02)
+            time.sleep(0.5)
+            assert "done" not in waiting, "the second request ran beside the first"
+            third = httpx.post(url + "/chat/completions", json={**body, "stream": False}, timeout=60)
+            assert third.status_code == 429
+            released = time.monotonic()
+        thread.join(timeout=30)
+        assert waiting["status"] == 200 and waiting["done"] >= released
+
+
 def test_eight_streaming_clients_200_requests(tiny_engine: KVBoostRAG) -> None:
     """0 errors, nothing lost or cut short, and greedy answers equal the sequential ones."""
     prompts = [[{"role": "user", "content": f"Question {i}: what is {i} plus {i}?"}] for i in range(20)]

@@ -1,8 +1,8 @@
 """A bounded queue in front of the one model: past it a request is refused at once (429).
 
-The engine runs one forward pass at a time; requests beyond the one running wait for the model
-lock. Letting every client wait would hide overload behind ever-growing latencies, so at most
-`max_waiting` may wait and the next one is told to retry.
+At most `max_running` requests decode at once (their forward passes interleave on the engine's
+model lock); up to `max_waiting` more wait for a running place. Letting every client wait would
+hide overload behind ever-growing latencies, so the next one is told to retry.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ class Admission:
         self.capacity = max_running + max_waiting
         self._active = 0
         self._lock = threading.Lock()
+        self._running = threading.Semaphore(max_running)
 
     @property
     def active(self) -> int:
@@ -42,3 +43,25 @@ class Admission:
     def leave(self) -> None:
         with self._lock:
             self._active -= 1
+
+    def slot(self) -> RunningSlot:
+        """A running place for an admitted request, taken in its worker thread."""
+        return RunningSlot(self._running)
+
+
+class RunningSlot:
+    """One of the `max_running` places: `take` blocks until one is free; `give_back` returns it
+    once, and only if it was taken (a request cancelled while waiting never took one)."""
+
+    def __init__(self, places: threading.Semaphore) -> None:
+        self._places = places
+        self._held = False
+
+    def take(self) -> None:
+        self._places.acquire()
+        self._held = True
+
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._places.release()

@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
 from ..engine.result import GenerationResult
-from .admission import Admission
+from .admission import Admission, RunningSlot
 from .errors import APIError, install_handlers
 from .options import stream_arguments
 from .responses import ChunkWriter, chat_completion, new_id, text_completion
@@ -31,7 +31,7 @@ class ServerSettings:
     model_name: str | None = None  # the name clients send; None: the engine's
     api_key: str | None = None
     max_running: int = 4  # requests decoding at once (their passes interleave on the model lock)
-    max_waiting: int = 16
+    max_waiting: int = 16  # requests waiting for a running place; past them, 429
 
 
 def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> FastAPI:
@@ -76,10 +76,12 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             events = _events(stream, ChunkWriter(request_id, served, chat), include_usage, admission)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        slot = admission.slot()
         try:
-            result = await anyio.to_thread.run_sync(_drain, stream)
+            result = await anyio.to_thread.run_sync(_drain, stream, slot)
         finally:
             stream.close()
+            slot.give_back()
             admission.leave()
         return (chat_completion if chat else text_completion)(request_id, served, result)
 
@@ -135,7 +137,8 @@ def _persistent(engine: KVBoostRAG) -> list[Any]:
     return [t for t in engine.store.tiers if hasattr(t, "prune") and hasattr(t, "stats")]
 
 
-def _drain(stream: GenerationStream) -> GenerationResult:
+def _drain(stream: GenerationStream, slot: RunningSlot) -> GenerationResult:
+    slot.take()
     for _ in stream:
         pass
     assert stream.result is not None
@@ -158,10 +161,12 @@ async def _events(
     """SSE events as tokens come. A client that goes away cancels this at its next await: the
     token being computed finishes (the thread is not abandoned), then the stream is closed, so
     the model is free for the next request."""
+    slot = admission.slot()
     try:
         opening = writer.start()
         if opening:
             yield opening
+        await anyio.to_thread.run_sync(slot.take)
         while (delta := await anyio.to_thread.run_sync(_next_delta, stream)) is not _END:
             yield writer.delta(delta)
         assert stream.result is not None
@@ -169,4 +174,5 @@ async def _events(
             yield event
     finally:
         stream.close()
+        slot.give_back()
         admission.leave()
