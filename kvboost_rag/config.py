@@ -130,8 +130,10 @@ class EngineConfig:
     found in a prompt wherever a run of at least `2 * match_window - 1` of its tokens appears
     unchanged, so shorter runs are computed rather than reused.
     `store`: where chunks persist: a directory, shared by every process and by `kvboost-rag
-    warm`; None is the user cache directory's store (the same one the CLI writes by default);
-    "memory" keeps chunks in this process only.
+    warm`; a Redis URL (`redis://host:port/db`, see `store.redis.location`), shared by workers
+    on many hosts; or both, comma-separated (looked up memory, then disk, then Redis). None is
+    the user cache directory's store (the same one the CLI writes by default); "memory" keeps
+    chunks in this process only.
     """
 
     chunk_size: int = 128

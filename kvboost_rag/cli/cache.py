@@ -1,4 +1,5 @@
-"""`kvboost-rag cache stats|verify|prune`: inspect and maintain the persistent chunk store."""
+"""`kvboost-rag cache stats|verify|prune`: inspect and maintain the persistent chunk store (a
+directory, a Redis namespace, or both)."""
 
 from __future__ import annotations
 
@@ -8,42 +9,68 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .app import StoreOption, cache_app, store_dir
+from .app import StoreOption, cache_app, store_location
 from .sizes import parse_bytes
 
 if TYPE_CHECKING:
     from ..store.disk import DiskStore
+    from ..store.redis import RedisStore
 
 
 @contextmanager
-def _opened(store: str | None) -> Iterator[DiskStore]:
-    """The store; where its index cannot be read, at opening or mid-command, a clear message and
-    exit code 1 instead of a traceback."""
+def _opened(store: str | None) -> Iterator[list[DiskStore | RedisStore]]:
+    """The tiers `store` names; where one cannot be read, at opening or mid-command, a clear
+    message and exit code 1 instead of a traceback."""
     import sqlite3
 
     from ..store.disk import DiskStore
+    from ..store.open import StoreLocations
 
+    locations = StoreLocations.parse(store_location(store))
+    tiers: list[DiskStore | RedisStore] = []
+    redis_errors: tuple[type[Exception], ...] = ()
+    if locations.redis_url is not None:
+        from redis.exceptions import RedisError  # redis-py is an extra: imported where a URL asks for it
+
+        redis_errors = (RedisError,)
     try:
-        disk = DiskStore(store_dir(store))
-        try:
-            yield disk
-        finally:
-            disk.close()
+        if locations.directory is not None:
+            tiers.append(DiskStore(locations.directory))
+        if locations.redis_url is not None:
+            tiers.append(_redis(locations.redis_url))
+        yield tiers
     except (OSError, sqlite3.DatabaseError) as error:
-        typer.echo(f"{store_dir(store)}: {error}; `kvboost-rag cache verify` rebuilds the index", err=True)
+        typer.echo(f"{locations.directory}: {error}; `kvboost-rag cache verify` rebuilds the index", err=True)
         raise typer.Exit(code=1) from error
+    except redis_errors as error:
+        typer.echo(f"{locations.redis_url}: {error}", err=True)
+        raise typer.Exit(code=1) from error
+    finally:
+        for tier in tiers:
+            tier.close()
+
+
+def _redis(url: str) -> RedisStore:
+    from ..store.redis import RedisStore
+
+    tier = RedisStore(url)
+    tier.guard.call(tier._claim)  # NOTE: a maintenance command fails loudly where a request would serve without it
+    return tier
 
 
 @cache_app.command("stats")
 def cache_stats(store: StoreOption = None) -> None:
     """What is stored: documents, chunks and bytes per model."""
-    with _opened(store) as disk:
-        _print_stats(disk)
+    with _opened(store) as tiers:
+        for tier in tiers:
+            _print_stats(tier)
 
 
-def _print_stats(disk: DiskStore) -> None:
-    rows = disk.stats()
-    typer.echo(f"{disk.root}")
+def _print_stats(tier: DiskStore | RedisStore) -> None:
+    from ..store.disk import DiskStore
+
+    rows = tier.stats()
+    typer.echo(f"{tier}")
     typer.echo(f"{'model fingerprint':18} {'documents':>9} {'chunks':>8} {'MiB':>9} {'pinned':>7}")
     for row in rows:
         typer.echo(
@@ -51,32 +78,47 @@ def _print_stats(disk: DiskStore) -> None:
         )
     if not rows:
         typer.echo("(empty)")
-    orphans = disk.orphan_files()
-    if orphans:
-        typer.echo(f"{orphans} chunk files no index row names (`kvboost-rag cache verify` removes them)")
-    if disk.read_only:
-        typer.echo("(read-only)")
+    if isinstance(tier, DiskStore):
+        orphans = tier.orphan_files()
+        if orphans:
+            typer.echo(f"{orphans} chunk files no index row names (`kvboost-rag cache verify` removes them)")
+        if tier.read_only:
+            typer.echo("(read-only)")
 
 
 @cache_app.command("verify")
 def cache_verify(store: StoreOption = None) -> None:
     """Check the index (rebuilt from the chunk files when damaged or missing) and every chunk;
-    corrupted chunks are dropped (and recomputed when next warmed)."""
+    corrupted chunks are dropped (and recomputed when next warmed). In Redis, index entries
+    naming evicted chunks are removed too."""
     from ..store.disk.recovery import verify_store
+    from ..store.open import StoreLocations
 
-    report = verify_store(store_dir(store))
-    if report.index_damage:
+    locations = StoreLocations.parse(store_location(store))
+    dropped = 0
+    if locations.directory is not None:
+        report = verify_store(locations.directory)
+        if report.index_damage:
+            typer.echo(
+                f"index damaged ({'; '.join(report.index_damage)[:200]}): rebuilt {report.rebuilt_chunks} chunks "
+                f"and {report.rebuilt_documents} documents from the files; "
+                f"{report.unrecoverable_files} unrecoverable files removed"
+            )
+        checked = report.verify
         typer.echo(
-            f"index damaged ({'; '.join(report.index_damage)[:200]}): rebuilt {report.rebuilt_chunks} chunks "
-            f"and {report.rebuilt_documents} documents from the files; "
-            f"{report.unrecoverable_files} unrecoverable files removed"
+            f"{locations.directory}: checked {checked.checked} chunks: {len(checked.dropped)} dropped, "
+            f"{checked.orphans_removed} stray files removed"
         )
-    checked = report.verify
-    typer.echo(
-        f"checked {checked.checked} chunks: {len(checked.dropped)} dropped, "
-        f"{checked.orphans_removed} stray files removed"
-    )
-    if checked.dropped:
+        dropped += len(checked.dropped)
+    if locations.redis_url is not None:
+        with _opened(locations.redis_url) as (redis_tier,):
+            found = redis_tier.verify()  # type: ignore[union-attr]
+            typer.echo(
+                f"{redis_tier}: checked {found.checked} chunks: {len(found.dropped)} dropped, "
+                f"{found.postings_removed} index entries of evicted chunks removed"
+            )
+            dropped += len(found.dropped)
+    if dropped:
         raise typer.Exit(code=1)
 
 
@@ -87,6 +129,7 @@ def cache_prune(
 ) -> None:
     """Evict least recently used, unpinned chunks until the store fits the budget."""
     limit = parse_bytes(budget)
-    with _opened(store) as disk:
-        evicted = disk.prune(limit)
-        typer.echo(f"evicted {evicted} chunks; {disk.total_bytes() / 2**20:.1f} MiB stored")
+    with _opened(store) as tiers:
+        for tier in tiers:
+            evicted = tier.prune(limit)
+            typer.echo(f"{tier}: evicted {evicted} chunks; {tier.total_bytes() / 2**20:.1f} MiB stored")

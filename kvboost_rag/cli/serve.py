@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, store_dir
+from .app import STORE_HELP, app, store_location
 from .sizes import parse_bytes
 
 
@@ -30,7 +30,7 @@ def serve(
     ] = None,
     max_running: Annotated[int, typer.Option(envvar=_env("max_running"), help="requests decoding at once")] = 4,
     max_waiting: Annotated[int, typer.Option(envvar=_env("max_waiting"), help="queued past those; then 429")] = 16,
-    store: Annotated[str | None, typer.Option(envvar=_env("store"), help="chunk store directory, or 'memory'")] = None,
+    store: Annotated[str | None, typer.Option(envvar=_env("store"), help=STORE_HELP)] = None,
     chunk_size: Annotated[int | None, typer.Option(envvar=_env("chunk_size"))] = None,
     chunking: Annotated[str | None, typer.Option(envvar=_env("chunking"), help="fixed, semantic, adaptive")] = None,
     repair: Annotated[str | None, typer.Option(envvar=_env("repair"), help="none, boundary, cacheblend")] = None,
@@ -55,7 +55,7 @@ def serve(
         repair=repair,
         kv_quantization=quantization,
         warm_prefix=warm_prefix,
-        store=store if store == "memory" else (str(store_dir(store)) if store else None),
+        store=store_location(store) if store else None,
     )
     try:
         if memory_budget:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .app import DtypeOption, ModelOption, StoreOption, app, store_dir
+from .app import DtypeOption, ModelOption, StoreOption, app, store_location
 from .sizes import parse_bytes
 
 
@@ -77,7 +77,7 @@ def warm(
             warm_prefix=warm_prefix,
             memory_budget_bytes=parse_bytes(memory_budget),
             disk_budget_bytes=parse_bytes(disk_budget) if disk_budget else None,
-            store=str(store_dir(store)),
+            store=store_location(store),
         )
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from error

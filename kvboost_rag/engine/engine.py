@@ -143,8 +143,7 @@ class KVBoostRAG:
         """
         texts = check_documents(documents)  # all of them, before the store or the model is touched
         if not self._settings_recorded:
-            record_settings(self.store, self.fingerprint, self.config)
-            self._settings_recorded = True
+            self._settings_recorded = record_settings(self.store, self.fingerprint, self.config)
         return self._warmer.warm(texts, pin=pin)
 
     # generation --------------------------------------------------------------------------

@@ -96,7 +96,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     _engine(
         "store",
         str | Path,
-        'Chunk store: a directory; None: the user cache\'s, which `kvboost-rag warm` fills; "memory": '
+        'Chunk store: a directory; a Redis URL ("redis://host:port/db", shared by many workers); both, '
+        'comma-separated; None: the user cache\'s directory, which `kvboost-rag warm` fills; "memory": '
         "this process only.",
     ),
     _engine("disk_budget_bytes", int, "Bytes the persistent store may hold; None: no limit."),

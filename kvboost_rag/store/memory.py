@@ -85,7 +85,7 @@ class ChunkStore:
     def _from_tiers(self, lookup: Callable[[ChunkTier], ChunkEntry | None]) -> ChunkEntry | None:
         """A memory miss looked up in each tier in order; a hit is kept in memory."""
         found = next(
-            (hit for t in self.tiers if (hit := self._safely(t, "lookup", lambda: lookup(t), None)) is not None),
+            (hit for t in self.tiers if (hit := self.safely(t, "lookup", lambda: lookup(t), None)) is not None),
             None,
         )
         if found is not None:
@@ -106,7 +106,7 @@ class ChunkStore:
         if not self.tiers:
             return
         for tier in self.tiers:
-            for content in self._safely(tier, "window lookup", lambda: tier.window_hits(missing), []):
+            for content in self.safely(tier, "window lookup", lambda: tier.window_hits(missing), []):
                 self.get_content(content)
 
     def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]:
@@ -121,7 +121,7 @@ class ChunkStore:
                 self._touch(self._by_content.get(key))
         if used:
             for tier in self.tiers:
-                self._safely(tier, "recording use", lambda: tier.touch(used), None)
+                self.safely(tier, "recording use", lambda: tier.touch(used), None)
 
     def pin(self, key: ContentHash, pinned: bool = True) -> bool:
         """Keep (or stop keeping) a chunk whatever the budget asks; False if it is not stored."""
@@ -138,7 +138,7 @@ class ChunkStore:
         with self._lock:
             chunks = self._documents.get(doc_key)
             in_memory = chunks is not None and all(self.pin(chunk, pinned) for chunk in chunks)
-        in_tiers = [self._safely(t, "pinning", lambda: t.pin_document(doc_key, pinned), False) for t in self.tiers]
+        in_tiers = [self.safely(t, "pinning", lambda: t.pin_document(doc_key, pinned), False) for t in self.tiers]
         return in_memory or any(in_tiers)
 
     def has_document(self, doc_key: bytes) -> bool:
@@ -147,7 +147,7 @@ class ChunkStore:
             chunks = self._documents.get(doc_key)
             if chunks is not None and all(c in self._by_content for c in chunks):
                 return True
-        return any(self._safely(t, "document lookup", lambda: t.has_document(doc_key), False) for t in self.tiers)
+        return any(self.safely(t, "document lookup", lambda: t.has_document(doc_key), False) for t in self.tiers)
 
     # writes ------------------------------------------------------------------------------
     def put(self, entry: ChunkEntry, *, persist: bool = True) -> bool:
@@ -155,7 +155,7 @@ class ChunkStore:
         history is this process's, not the shared corpus'); False when it was there already or
         fits nowhere."""
         tiers = self.tiers if entry.approximate_ok and persist else []
-        in_tiers = [self._safely(t, "storing a chunk", lambda: t.put(entry), False) for t in tiers]
+        in_tiers = [self.safely(t, "storing a chunk", lambda: t.put(entry), False) for t in tiers]
         return self._put_memory(entry) or any(in_tiers)
 
     def _put_memory(self, entry: ChunkEntry) -> bool:
@@ -202,13 +202,13 @@ class ChunkStore:
         for tier in self.tiers if persist else []:
             # NOTE: recorded only where every chunk is: a tier that failed to store one (a full
             # disk) keeps no document that would claim to be complete.
-            if self._safely(tier, "storing a document", lambda: self._holds_all(tier, record), False):
-                self._safely(tier, "storing a document", lambda: tier.put_document(record), None)
+            if self.safely(tier, "storing a document", lambda: self._holds_all(tier, record), False):
+                self.safely(tier, "storing a document", lambda: tier.put_document(record), None)
 
     def _holds_all(self, tier: ChunkTier, record: DocumentRecord) -> bool:
         return all(tier.contains(chunk) for chunk in record.chunks)
 
-    def _safely(self, tier: ChunkTier, what: str, call: Callable[[], T], default: T) -> T:
+    def safely(self, tier: ChunkTier, what: str, call: Callable[[], T], default: T) -> T:
         """A tier call whose failure (a full disk, a broken index, a lost connection) is a warning
         and a miss: the cache is optional, so it never fails a request."""
         try:
@@ -225,7 +225,7 @@ class ChunkStore:
     def close(self) -> None:
         """Close the tiers below (a disk tier checkpoints its index: readers see every write)."""
         for tier in self.tiers:
-            self._safely(tier, "closing", tier.close, None)
+            self.safely(tier, "closing", tier.close, None)
 
     # bookkeeping -------------------------------------------------------------------------
     def stats(self) -> StoreStats:

@@ -1,46 +1,97 @@
-"""Opening the store an engine's settings name: memory only, or memory over a directory."""
+"""Opening the store an engine's settings name: memory only, or memory over a directory, a
+Redis URL, or both (comma-separated), looked up in that order: memory, disk, Redis."""
 
 from __future__ import annotations
 
 import sqlite3
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-from ..config import EngineConfig
+from ..config import MEMORY_ONLY, EngineConfig
 from ..paths import default_store_dir
 from ..plan.keys import Fingerprint
 from .disk import DiskStore
 from .memory import ChunkStore
+from .redis.location import is_redis_url
 from .settings import KeySettings, StoreSettingsError, reconcile
+from .tier import ChunkTier
+
+
+@dataclass(slots=True, frozen=True)
+class StoreLocations:
+    """What `EngineConfig.store` names: a directory, a Redis URL, or one of each."""
+
+    directory: str | None
+    redis_url: str | None
+
+    @classmethod
+    def parse(cls, store: str | None) -> StoreLocations:
+        """None is the user cache directory's store; ValueError for two of one kind."""
+        if store is None:
+            return cls(str(default_store_dir()), None)
+        parts = [part.strip() for part in store.split(",") if part.strip()] if store != MEMORY_ONLY else []
+        urls = [part for part in parts if is_redis_url(part)]
+        directories = [part for part in parts if not is_redis_url(part)]
+        if len(urls) > 1 or len(directories) > 1:
+            raise ValueError(f"store names at most one directory and one Redis URL, got {store!r}")
+        return cls(directories[0] if directories else None, urls[0] if urls else None)
 
 
 def open_store(config: EngineConfig, model: Fingerprint, device: torch.device) -> tuple[ChunkStore, EngineConfig]:
     """The store and the config to run with: a persistent store's recorded settings are adopted
     where the config left them at their defaults (see `settings.reconcile`)."""
-    if config.memory_only:
-        return ChunkStore(config.memory_budget_bytes, config.match_window), config
-    root = config.store or str(default_store_dir())
+    locations = StoreLocations.parse(config.store)
+    tiers: list[ChunkTier] = []
+    if locations.directory is not None:
+        disk = _open_disk(locations.directory, config, device)
+        if disk is not None:
+            tiers.append(disk)
+    if locations.redis_url is not None:
+        from .redis import RedisStore  # NOTE: redis-py is an extra; imported only where a URL asks for it
+
+        tiers.append(RedisStore(locations.redis_url, config.match_window, device))
     try:
-        disk = DiskStore(root, config.match_window, device, config.disk_budget_bytes)
+        for tier in tiers:
+            config = reconcile(config, *_recorded(tier, model), str(tier))
+    except StoreSettingsError:
+        for tier in tiers:
+            tier.close()
+        raise
+    return ChunkStore(config.memory_budget_bytes, config.match_window, tiers=tiers), config
+
+
+def _recorded(tier: ChunkTier, model: Fingerprint) -> tuple[list[KeySettings], int | None]:
+    """The tier's recorded settings and window; none where it cannot be read now (a Redis server
+    down: the tier is tried again later, and serves nothing it cannot check)."""
+    try:
+        return tier.recorded_settings(model), tier.match_window
+    except StoreSettingsError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the cache is optional: an unreadable tier costs reuse only
+        warnings.warn(f"kvboost-rag: the settings of {tier} cannot be read ({error}); opened with the engine's")
+        return [], None
+
+
+def _open_disk(root: str, config: EngineConfig, device: torch.device) -> DiskStore | None:
+    try:
+        return DiskStore(root, config.match_window, device, config.disk_budget_bytes)
     except (OSError, sqlite3.DatabaseError) as error:
         # NOTE: the cache is optional: a store that cannot be opened costs reuse, never the engine.
         warnings.warn(
             f"kvboost-rag: chunk store {root} cannot be opened ({error}); chunks are kept in memory only. "
             "`kvboost-rag cache verify` checks and rebuilds it.",
-            stacklevel=3,
+            stacklevel=4,
         )
-        return ChunkStore(config.memory_budget_bytes, config.match_window), config
-    try:
-        config = reconcile(config, disk.recorded_settings(model), disk.match_window, str(disk.root))
-    except StoreSettingsError:
-        disk.close()
-        raise
-    return ChunkStore(config.memory_budget_bytes, config.match_window, tiers=[disk]), config
+        return None
 
 
-def record_settings(store: ChunkStore, model: Fingerprint, config: EngineConfig) -> None:
-    """Write down, in every persistent tier, the settings documents are about to be stored with."""
+def record_settings(store: ChunkStore, model: Fingerprint, config: EngineConfig) -> bool:
+    """Write down, in every persistent tier, the settings documents are about to be stored with;
+    False where a tier could not be written (a warning; tried again at the next warm)."""
     settings = KeySettings.of(config)
-    for tier in store.tiers:
-        tier.record_settings(model, settings)
+    return all(
+        store.safely(t, "recording settings", lambda t=t: t.record_settings(model, settings) or True, False)
+        for t in store.tiers
+    )

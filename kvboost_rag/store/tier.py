@@ -1,4 +1,4 @@
-"""The interface of a persistent tier below the memory tier (disk today; a remote store later).
+"""The interface of a persistent tier below the memory tier: disk (`disk/`) and Redis (`redis/`).
 
 Small on purpose, after LMCache's storage backends: chunks by key (contains, get, put, remove,
 close), the window index that approximate matching looks up, and document records. The memory
@@ -8,11 +8,21 @@ tier looks misses up in each tier in order and writes document chunks through to
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey
 from .entry import ChunkEntry, DocumentRecord
 from .settings import KeySettings
+
+
+@dataclass(slots=True)
+class ModelStats:
+    fingerprint: str
+    documents: int
+    chunks: int
+    bytes: int
+    pinned_chunks: int
 
 
 class ChunkTier(Protocol):

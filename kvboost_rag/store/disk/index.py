@@ -19,6 +19,7 @@ from pathlib import Path
 from ...plan.keys import ContentHash, Fingerprint, WindowKey
 from ..entry import DocumentRecord
 from ..settings import SCHEMA_VERSION, KeySettings
+from ..tier import ModelStats
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -54,15 +55,6 @@ class EntryRow:
     tokens: bytes
     importance: float
     file: str
-
-
-@dataclass(slots=True)
-class ModelStats:
-    fingerprint: str
-    documents: int
-    chunks: int
-    bytes: int
-    pinned_chunks: int
 
 
 class DiskIndex:

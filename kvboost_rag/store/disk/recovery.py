@@ -17,8 +17,8 @@ import numpy as np
 
 from ...plan.keys import ContentHash, Fingerprint, window_keys
 from ..entry import DocumentRecord
+from ..format import read_record
 from ..settings import KeySettings
-from .format import read_record
 from .index import DiskIndex, EntryRow
 from .sidecars import read_manifest, read_sidecars
 from .tier import INDEX_FILE, DiskStore, VerifyReport

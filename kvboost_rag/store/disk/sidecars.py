@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ...plan.keys import Fingerprint
 from ..entry import DocumentRecord
+from ..format import write_atomically
 from ..settings import SCHEMA_VERSION, KeySettings
-from .format import write_atomically
 
 MANIFEST_FILE = "store.json"
 

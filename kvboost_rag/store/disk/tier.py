@@ -21,8 +21,8 @@ import torch
 
 from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
 from ..entry import ChunkEntry, DocumentRecord, value_norm
+from ..format import deserialize, serialize, to_device, write_atomically
 from ..settings import KeySettings
-from .format import deserialize, serialize, to_device, write_atomically
 from .index import DiskIndex, EntryRow, ModelStats
 from .sidecars import MANIFEST_FILE, document_json, settings_json, write_manifest, write_sidecar
 
@@ -60,6 +60,9 @@ class DiskStore:
         if not self.read_only and not (self.root / MANIFEST_FILE).exists():
             write_manifest(self.root, self.window)
         self._stored_bytes: int | None = None  # the index's total, kept current between scans
+
+    def __str__(self) -> str:
+        return str(self.root)
 
     def close(self) -> None:
         self.index.close()

@@ -1,4 +1,5 @@
-"""The chunk file format: safetensors with the chunk's key and a checksum of its tensors.
+"""The stored chunk format, on disk and in Redis: safetensors with the chunk's key and a
+checksum of its tensors.
 
 A file is written to a temporary name, flushed and renamed, so readers see the old file or the
 whole new one, never a part. A file that does not hold what the index names, or whose tensors do
@@ -20,8 +21,8 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from ...ops.quantization import QuantizedTensor
-from ..entry import KV, ChunkEntry
+from ..ops.quantization import QuantizedTensor
+from .entry import KV, ChunkEntry
 
 FORMAT = "kvboost-rag-chunk-v2"
 READABLE_FORMATS = ("kvboost-rag-chunk-v1", FORMAT)
@@ -64,31 +65,25 @@ def serialize(entry: ChunkEntry, importance: float) -> bytes:
 
 
 def deserialize(data: bytes, content: bytes) -> tuple[KV, KV]:
-    """Keys and values of the chunk `content`; ValueError when the bytes are not that chunk."""
-    metadata, tensors = _checked(data)
-    if metadata.get("content_hash") != content.hex():
-        raise ValueError("not the chunk the index names")
-    quantized = json.loads(metadata.get("quantized", "{}"))
+    """Keys and values of the chunk `content` (v1 or v2); ValueError when the bytes are not that
+    chunk."""
+    metadata, tensors = _checked_chunk(data, content)
+    return _rebuild("keys", metadata, tensors), _rebuild("values", metadata, tensors)
 
-    def rebuild(name: str) -> KV:
-        if name not in quantized:
-            return tensors[name]
-        spec = quantized[name]
-        return QuantizedTensor(
-            tensors[f"{name}.codes"],
-            tensors[f"{name}.scale"],
-            tensors[f"{name}.zero"],
-            spec["bits"],
-            tuple(spec["shape"]),
-            getattr(torch, spec["dtype"]),
-        )
 
-    return rebuild("keys"), rebuild("values")
+def load_chunk(data: bytes, content: bytes) -> tuple[ChunkRecord, KV, KV]:
+    """The row, keys and values of the v2 chunk `content`, checked once; ValueError when the
+    bytes are not that chunk (another chunk, damaged, truncated, or a v1 file)."""
+    metadata, tensors = _checked_chunk(data, content)
+    return _record(metadata, tensors), _rebuild("keys", metadata, tensors), _rebuild("values", metadata, tensors)
 
 
 def read_record(data: bytes) -> ChunkRecord:
     """The index row a v2 chunk file holds; ValueError for a damaged or a v1 file."""
-    metadata, tensors = _checked(data)
+    return _record(*_checked(data))
+
+
+def _record(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> ChunkRecord:
     if "tokens" not in tensors:
         raise ValueError("a v1 chunk file: it does not hold its tokens")
 
@@ -104,6 +99,28 @@ def read_record(data: bytes) -> ChunkRecord:
         tensors["tokens"].numpy().astype(np.int64),
         float(metadata["importance"]),
     )
+
+
+def _rebuild(name: str, metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> KV:
+    quantized = json.loads(metadata.get("quantized", "{}"))
+    if name not in quantized:
+        return tensors[name]
+    spec = quantized[name]
+    return QuantizedTensor(
+        tensors[f"{name}.codes"],
+        tensors[f"{name}.scale"],
+        tensors[f"{name}.zero"],
+        spec["bits"],
+        tuple(spec["shape"]),
+        getattr(torch, spec["dtype"]),
+    )
+
+
+def _checked_chunk(data: bytes, content: bytes) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    metadata, tensors = _checked(data)
+    if metadata.get("content_hash") != content.hex():
+        raise ValueError("not the chunk the index names")
+    return metadata, tensors
 
 
 def _checked(data: bytes) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
