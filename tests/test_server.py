@@ -27,6 +27,7 @@ import uvicorn
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.server import ServerSettings, create_app
+from kvboost_rag.store.redis.local import local_redis
 
 KEY = "test-key"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -396,29 +397,42 @@ def test_eight_streaming_clients_200_requests(tiny_engine: KVBoostRAG) -> None:
     )
 
 
-def test_cli_serve_reads_its_settings_from_the_environment(tiny_model_dir: Path) -> None:
+def test_cli_serve_reads_its_settings_from_the_environment_and_shares_a_redis_store(tiny_model_dir: Path) -> None:
     port = free_port()
-    env = {**os.environ, "KVBOOST_RAG_PORT": str(port), "KVBOOST_RAG_STORE": "memory", "KVBOOST_RAG_API_KEY": KEY}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kvboost_rag.cli", "serve", "--model", str(tiny_model_dir), "--dtype", "float32"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "kvboost-rag serve did not come up"
-            time.sleep(0.2)
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
-        assert models.status_code == 200 and models.json()["data"][0]["id"]
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with local_redis() as redis_server:
+        env = {
+            **os.environ,
+            "KVBOOST_RAG_PORT": str(port),
+            "KVBOOST_RAG_STORE": redis_server.url,
+            "KVBOOST_RAG_API_KEY": KEY,
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvboost_rag.cli", "serve", "--model", str(tiny_model_dir), "--dtype", "float32"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert process.poll() is None, process.stdout.read() if process.stdout else ""
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "kvboost-rag serve did not come up"
+                time.sleep(0.2)
+            headers = {"Authorization": f"Bearer {KEY}"}
+            models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=headers)
+            assert models.status_code == 200 and models.json()["data"][0]["id"]
+            document = {"documents": ["Redis keeps what one worker warmed for every other worker."]}
+            warmed = httpx.post(f"http://127.0.0.1:{port}/kvboost/warm", json=document, headers=headers, timeout=60)
+            assert warmed.status_code == 200 and warmed.json()["chunks_stored"] == 1
+            assert redis_server.client().dbsize() > 0, "warmed into the shared Redis store"
+            stats = httpx.get(f"http://127.0.0.1:{port}/kvboost/store", headers=headers).json()
+            assert [(t["tier"], t["models"][0]["documents"]) for t in stats["persistent"]] == [("RedisStore", 1)]
+        finally:
+            process.terminate()
+            process.wait(timeout=30)

@@ -1,5 +1,6 @@
-"""The deployment flow: `kvboost-rag warm` fills a store in another process, then a chat model
-built from options alone finds it, in a user's LCEL chain, with the passages in another order."""
+"""The deployment flow: `kvboost-rag warm` fills a shared Redis store in another process, then a
+chat model built from options alone finds it, in a user's LCEL chain, with the passages in
+another order."""
 
 from __future__ import annotations
 
@@ -11,19 +12,22 @@ from langchain_kvboost import ChatKVBoost
 
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
+from kvboost_rag.store.redis.local import local_redis
 
 BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with the text around it
 
 
-def test_a_store_warmed_by_the_cli_serves_a_fresh_chat_model_in_a_chain(
-    tmp_path: Path, warm_with_cli: Callable[[list[str], Path], Path]
+def test_a_redis_store_warmed_by_the_cli_serves_a_fresh_chat_model_in_a_chain(
+    tmp_path: Path, warm_with_cli: Callable[..., str]
 ) -> None:
     passages = [example.passages[0].as_document() for example in load_qa(limit=3)]
-    store = warm_with_cli(passages, tmp_path)
+    with local_redis() as server:
+        store = warm_with_cli(passages, tmp_path, server.url)
 
-    chat = ChatKVBoost(store=str(store), dtype="float32", max_tokens=4)  # options only: no engine=
-    chain = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)]) | chat
-    answer = chain.invoke({"documents": "\n\n".join(reversed(passages)), "question": "Which is oldest?"})
+        chat = ChatKVBoost(store=store, dtype="float32", max_tokens=4)  # options only: no engine=
+        chain = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)]) | chat
+        answer = chain.invoke({"documents": "\n\n".join(reversed(passages)), "question": "Which is oldest?"})
+        assert [type(tier).__name__ for tier in chat.get_engine().store.tiers] == ["RedisStore"]
 
     tokenizer = chat.get_engine().tokenizer
     passage_tokens = sum(len(tokenizer(p, add_special_tokens=False).input_ids) for p in passages)
