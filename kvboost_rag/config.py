@@ -177,6 +177,10 @@ class EngineConfig:
             raise TypeError(f"warm_prefix must be a str, got {type(self.warm_prefix).__name__}")
         if self.store is not None and not isinstance(self.store, str):
             self.store = str(self.store)  # a Path
+        if self.store is not None:
+            from .store.location import StoreLocations  # NOTE: plain parsing, no store is opened
+
+            StoreLocations.parse(self.store)  # two directories, a bad URL: refused before any loading
 
     @property
     def memory_only(self) -> bool:

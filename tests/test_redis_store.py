@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import redis
 from kvboost_rag import EngineConfig, ExactnessConfig, KVBoostRAG
 from kvboost_rag.plan.keys import ContentHash, Fingerprint, content_hash, document_hash, window_keys
 from kvboost_rag.store.entry import ChunkEntry, DocumentRecord
-from kvboost_rag.store.open import StoreLocations
+from kvboost_rag.store.location import StoreLocations
 from kvboost_rag.store.redis import RedisLocation, RedisStore
 from kvboost_rag.store.redis.guard import RedisUnavailable
 from kvboost_rag.store.redis.layout import KeyLayout
@@ -261,6 +262,8 @@ def test_evicted_keys_are_recomputed_under_maxmemory(tiny_engine: KVBoostRAG, pa
         in_process.warm(evicted[:3])
         warm = in_process.generate(prompt, max_new_tokens=1, store_prompt=False, exactness=AS_LOADED)
         assert served.reused_approximate_tokens < warm.reused_approximate_tokens, "what was evicted was recomputed"
+        redis_tier = reader.store.tiers[0]
+        assert isinstance(redis_tier, RedisStore) and redis_tier.counters.missing > 0, "counted"
         assert tier.verify().postings_removed > 0, "index entries of evicted chunks are cleaned up"
 
 
@@ -338,3 +341,26 @@ def test_memory_then_disk_then_redis(
         text=True,
     )
     assert cli.returncode == 0 and "namespace kvboost" in cli.stdout and "(empty)" not in cli.stdout
+
+
+def test_a_redis_that_stops_answering_costs_one_timeout_not_one_per_call(
+    tiny_engine: KVBoostRAG, passages: list[str]
+) -> None:
+    with local_redis() as server:
+        url = server.url + "?socket_timeout=0.3&retry_after=60"
+        worker(tiny_engine, url).warm(passages[:3])
+        reader = worker(tiny_engine, url)
+        prompt = prompt_of(passages[:3])
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)  # alive, silent: a network partition
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                served = reader.generate(prompt, exactness=VERIFIED, max_new_tokens=6, store_prompt=False)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        full = reader.generate(prompt, mode="full", max_new_tokens=6, store_prompt=False)
+        assert served.token_ids == full.token_ids
+        failures = [str(w.message) for w in caught if "failed" in str(w.message)]
+        assert sum("Timeout" in m for m in failures) == 1 and len(failures) > 1, failures
+        assert all("Timeout" in m or "unreachable" in m for m in failures)

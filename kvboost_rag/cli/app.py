@@ -24,7 +24,7 @@ def store_location(store: str | None) -> str:
     """The `store` value the engine takes: directories made absolute, Redis URLs as given."""
     from ..config import MEMORY_ONLY
     from ..paths import default_store_dir
-    from ..store.redis.location import is_redis_url
+    from ..store.location import is_redis_url
 
     if not store:
         return str(default_store_dir())

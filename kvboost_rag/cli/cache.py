@@ -24,7 +24,7 @@ def _opened(store: str | None) -> Iterator[list[DiskStore | RedisStore]]:
     import sqlite3
 
     from ..store.disk import DiskStore
-    from ..store.open import StoreLocations
+    from ..store.location import StoreLocations
 
     locations = StoreLocations.parse(store_location(store))
     tiers: list[DiskStore | RedisStore] = []
@@ -92,7 +92,7 @@ def cache_verify(store: StoreOption = None) -> None:
     corrupted chunks are dropped (and recomputed when next warmed). In Redis, index entries
     naming evicted chunks are removed too."""
     from ..store.disk.recovery import verify_store
-    from ..store.open import StoreLocations
+    from ..store.location import StoreLocations
 
     locations = StoreLocations.parse(store_location(store))
     dropped = 0

@@ -247,8 +247,77 @@ def multiturn(data: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def redis_tier(data: dict[str, Any]) -> str:
+    """The Redis tier: one chunk made ready from each place; a fresh worker answering from Redis
+    against full prefill; warm throughput by worker count."""
+    load = data["chunk_load"]
+    places = table(
+        ["one chunk made ready from", "median"],
+        [
+            [place, f"{load[f'{key}_ms']:,.2f} ms"]
+            for place, key in (
+                ("memory", "memory"),
+                ("disk", "disk"),
+                ("Redis (loopback)", "redis"),
+                ("recompute", "recompute"),
+            )
+        ],
+    )
+    a = data["answers"]
+    answers = table(
+        [
+            "prompts",
+            "tokens",
+            "TTFT full",
+            "TTFT from Redis",
+            "x full",
+            "TTFT from memory",
+            "x full",
+            "answer from Redis x full",
+            "reused",
+            "= full's answer",
+            "warmed tokens recomputed (no repair)",
+        ],
+        [
+            [
+                f"{a['prompts']}",
+                f"{a['prompt_tokens_median']:,.0f}",
+                f"{a['full_ttft_ms']:,.0f} ms",
+                f"{a['redis_ttft_ms']:,.0f} ms",
+                f"{a['redis_ttft_ratio']:.2f}",
+                f"{a['memory_ttft_ms']:,.0f} ms",
+                f"{a['memory_ttft_ratio']:.2f}",
+                f"{a['redis_total_ratio']:.2f}",
+                f"{a['reused_share_median']:.0%}",
+                f"{a['same_answer_as_full']:.0%}",
+                f"{a['unrepaired_recomputed_tokens_total']}",
+            ]
+        ],
+    )
+    columns: list[Column] = [
+        ("workers", get("workers"), "{}"),
+        ("threads each", get("threads_each"), "{}"),
+        ("documents", get("documents"), "{}"),
+        ("seconds", get("seconds"), "{:.1f}"),
+        ("tokens/s", get("tokens_per_s"), "{:,.0f}"),
+        ("chunks checked", get("chunks_checked"), "{}"),
+        ("dropped", get("chunks_dropped"), "{}"),
+    ]
+    warm = data["warm"]
+    notes = (
+        f"{data['corpus_documents']} NQ passages ({data.get('corpus_tokens', 0):,} tokens) warmed by "
+        f"`kvboost-rag warm --store redis://...` in {warm['seconds']:.0f} s; Redis held "
+        f"{warm['redis_used_memory_bytes'] / 2**30:.2f} GiB. Medians over a fresh process's prompts, each "
+        f"with an empty memory tier."
+    )
+    return "\n\n".join(
+        [notes, places, answers, "warm throughput:\n\n" + columns_table(columns, data["warm_throughput"])]
+    )
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
+    "bench_redis": redis_tier,
     "bench_budget": budget,
     "bench_ttft": ttft,
     "bench_store": store,

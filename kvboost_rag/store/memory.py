@@ -300,8 +300,10 @@ class ChunkStore:
             self._evictions += 1
         for pair in held:
             heapq.heappush(self._heap, pair)
-        if self._bytes > budget and not self._warned_budget and any(
-            not self._usage[i].pinned and self._usage[i].last_request in self._active for _, i in held
+        if (
+            self._bytes > budget
+            and not self._warned_budget
+            and any(not self._usage[i].pinned and self._usage[i].last_request in self._active for _, i in held)
         ):
             self._warned_budget = True
             warnings.warn(

@@ -5,38 +5,16 @@ from __future__ import annotations
 
 import sqlite3
 import warnings
-from dataclasses import dataclass
 
 import torch
 
-from ..config import MEMORY_ONLY, EngineConfig
-from ..paths import default_store_dir
+from ..config import EngineConfig
 from ..plan.keys import Fingerprint
 from .disk import DiskStore
+from .location import StoreLocations
 from .memory import ChunkStore
-from .redis.location import is_redis_url
 from .settings import KeySettings, StoreSettingsError, reconcile
 from .tier import ChunkTier
-
-
-@dataclass(slots=True, frozen=True)
-class StoreLocations:
-    """What `EngineConfig.store` names: a directory, a Redis URL, or one of each."""
-
-    directory: str | None
-    redis_url: str | None
-
-    @classmethod
-    def parse(cls, store: str | None) -> StoreLocations:
-        """None is the user cache directory's store; ValueError for two of one kind."""
-        if store is None:
-            return cls(str(default_store_dir()), None)
-        parts = [part.strip() for part in store.split(",") if part.strip()] if store != MEMORY_ONLY else []
-        urls = [part for part in parts if is_redis_url(part)]
-        directories = [part for part in parts if not is_redis_url(part)]
-        if len(urls) > 1 or len(directories) > 1:
-            raise ValueError(f"store names at most one directory and one Redis URL, got {store!r}")
-        return cls(directories[0] if directories else None, urls[0] if urls else None)
 
 
 def open_store(config: EngineConfig, model: Fingerprint, device: torch.device) -> tuple[ChunkStore, EngineConfig]:
@@ -49,8 +27,10 @@ def open_store(config: EngineConfig, model: Fingerprint, device: torch.device) -
         if disk is not None:
             tiers.append(disk)
     if locations.redis_url is not None:
-        from .redis import RedisStore  # NOTE: redis-py is an extra; imported only where a URL asks for it
-
+        try:
+            from .redis import RedisStore  # NOTE: redis-py is an extra; imported only where a URL asks for it
+        except ImportError as error:
+            raise ImportError(f"a Redis store needs: pip install 'kvboost-rag[redis]' ({error})") from None
         tiers.append(RedisStore(locations.redis_url, config.match_window, device))
     try:
         for tier in tiers:

@@ -262,4 +262,3 @@ class DiskIndex:
                 "SELECT content_hash, nbytes FROM entries WHERE pinned = 0 ORDER BY last_access, hits"
             ).fetchall()
         return [(bytes(key), int(size)) for key, size in rows]
-

@@ -27,11 +27,11 @@ from redis.cluster import RedisCluster
 from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, content_hash, window_keys
 from ..entry import ChunkEntry, DocumentRecord, value_norm
 from ..format import load_chunk, serialize, to_device
+from ..location import DEFAULT_SHARDS, RedisLocation
 from ..settings import SCHEMA_VERSION, KeySettings, StoreSettingsError
 from ..tier import ModelStats
 from .guard import ConnectionGuard
 from .layout import KeyLayout
-from .location import DEFAULT_SHARDS, RedisLocation
 from .scripts import PUT_CHUNK, REMOVE_CHUNK
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class RedisCounters:
     """What the tier saw, for reports and tests."""
 
     dropped: int = 0  # values that failed their checks: deleted, recomputed
-    missing: int = 0  # keys an index entry named that were gone (evicted, expired)
+    missing: int = 0  # chunks looked up and gone: evicted or expired (lookups follow index entries)
 
 
 @dataclass(slots=True)
@@ -147,6 +147,7 @@ class RedisStore:
     def get(self, key: ContentHash) -> ChunkEntry | None:
         data = self._call(lambda: self._client.get(self.layout.chunk(key)))
         if data is None:
+            self.counters.missing += 1
             return None
         try:
             record, keys, values = load_chunk(data, key)
@@ -182,8 +183,6 @@ class RedisStore:
         if content is None:
             return None
         entry = self.get(ContentHash(content))
-        if entry is None:
-            self.counters.missing += 1
         return entry if entry is not None and entry.prefix_hash == key else None
 
     def put(self, entry: ChunkEntry) -> bool:

@@ -1,4 +1,7 @@
-"""A Redis tier's URL: redis-py's own (`redis://`, `rediss://` for TLS, `unix://`) with our
+"""What a `store` value names: a directory, a Redis URL, or one of each (memory, then disk, then
+Redis); and a Redis URL's parts.
+
+A Redis tier's URL is redis-py's own (`redis://`, `rediss://` for TLS, `unix://`) with our
 options in its query string, so one string names the tier everywhere (`store=`, `--store`).
 
 Our options: `namespace` (key prefix, default "kvboost"), `shards` (hash-tag groups of a new
@@ -81,6 +84,33 @@ class RedisLocation:
         host = parts.netloc.rsplit("@", 1)[1]
         user = parts.username or ""
         return urlunsplit(parts._replace(netloc=f"{user}:***@{host}", query=""))
+
+
+@dataclass(slots=True, frozen=True)
+class StoreLocations:
+    """What `EngineConfig.store` names: a directory, a Redis URL, or one of each."""
+
+    directory: str | None
+    redis_url: str | None
+
+    @classmethod
+    def parse(cls, store: str | None) -> StoreLocations:
+        """None is the user cache directory's store; ValueError for two of one kind or a bad URL."""
+        from ..config import MEMORY_ONLY
+        from ..paths import default_store_dir
+
+        if store is None:
+            return cls(str(default_store_dir()), None)
+        parts = [part.strip() for part in store.split(",") if part.strip()] if store != MEMORY_ONLY else []
+        urls = [part for part in parts if is_redis_url(part)]
+        directories = [part for part in parts if not is_redis_url(part)]
+        if len(urls) > 1 or len(directories) > 1:
+            raise ValueError(f"store names at most one directory and one Redis URL, got {store!r}")
+        for url in urls:
+            RedisLocation.parse(url)  # its options checked before anything is opened
+        if directories and "://" in directories[0]:
+            raise ValueError(f"store {directories[0]!r} is neither a directory nor a redis:// or rediss:// URL")
+        return cls(directories[0] if directories else None, urls[0] if urls else None)
 
 
 def _integer(options: dict[str, str], name: str, default: int | None, minimum: int) -> int | None:
