@@ -1,6 +1,6 @@
 """kvboost-rag: reuse the KV cache of retrieved documents wherever they land in a prompt."""
 
-from .config import EngineConfig, ExactnessConfig, RepairConfig
+from .config import EngineConfig, ExactnessConfig, RepairConfig, RetrievalConfig
 from .engine import (
     DecodeObserver,
     GenerationResult,
@@ -20,6 +20,7 @@ __all__ = [
     "DecodeObserver",
     "EngineConfig",
     "ExactnessConfig",
+    "RetrievalConfig",
     "GenerationResult",
     "GenerationStream",
     "KVBoostRAG",

@@ -122,6 +122,41 @@ class ExactnessConfig:
         return top_margin(logits)
 
 
+@dataclass(slots=True, frozen=True)
+class RetrievalConfig:
+    """Decode-time KV retrieval (FreeKV, with Quest's page bound): each decoded token attends to
+    the first `sink_tokens`, the last `recent_tokens` and the pages of `page_size` tokens that
+    bound its attention scores highest, within `budget_tokens`; prompts shorter than
+    `min_prompt_tokens` decode densely. `speculative`: a step attends to the pages its previous
+    step's query chose, re-selecting for KV heads whose query moved (cosine similarity below
+    `correction_threshold`; 1.0 re-selects every step). Off by default: see docs/decode-retrieval.md.
+    """
+
+    enabled: bool = False
+    page_size: int = 32
+    budget_tokens: int = 2048
+    sink_tokens: int = 512
+    recent_tokens: int = 512
+    min_prompt_tokens: int = 4096
+    speculative: bool = True
+    correction_threshold: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "budget_tokens", "min_prompt_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("sink_tokens", "recent_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        if self.sink_tokens + self.recent_tokens > self.budget_tokens:
+            raise ValueError("sink_tokens + recent_tokens must fit budget_tokens")
+        if not -1.0 <= self.correction_threshold <= 1.0:
+            raise ValueError(f"correction_threshold must be in [-1, 1], got {self.correction_threshold!r}")
+
+    def applies(self, prompt_tokens: int) -> bool:
+        return self.enabled and prompt_tokens >= self.min_prompt_tokens
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """How the engine chunks, matches and keeps KV.
@@ -145,6 +180,7 @@ class EngineConfig:
     store_prompt_prefixes: bool = True
     repair: RepairConfig = field(default_factory=RepairConfig)
     exactness: ExactnessConfig = field(default_factory=ExactnessConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     # Text encoded before every warmed document (its KV is not kept), so a document's first
     # tokens do not become an attention sink; "" encodes each document alone from position 0.
     warm_prefix: str = ""

@@ -364,3 +364,19 @@ def test_a_redis_that_stops_answering_costs_one_timeout_not_one_per_call(
         failures = [str(w.message) for w in caught if "failed" in str(w.message)]
         assert sum("Timeout" in m for m in failures) == 1 and len(failures) > 1, failures
         assert all("Timeout" in m or "unreachable" in m for m in failures)
+
+
+def test_a_password_from_the_environment_and_a_wrong_one(
+    tiny_engine: KVBoostRAG, passages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with local_redis("--requirepass", "s3cret") as server:
+        monkeypatch.setenv("KVBOOST_RAG_REDIS_PASSWORD", "s3cret")
+        report = worker(tiny_engine, server.url).warm(passages[:2])
+        assert report.store_errors == 0 and report.chunks_stored > 0
+        monkeypatch.setenv("KVBOOST_RAG_REDIS_PASSWORD", "wrong")
+        with pytest.warns(UserWarning, match="cannot be reached|invalid|WRONGPASS"):
+            refused = worker(tiny_engine, server.url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = refused.generate(prompt_of(passages[:2]), max_new_tokens=2, store_prompt=False)
+        assert result.new_tokens == 2 and result.reused_approximate_tokens == 0, "answered without the tier"

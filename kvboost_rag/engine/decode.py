@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..hf.cache import forward_last_logits, make_cache
+from ..ops.decode_retrieval import ACTIVE_RETRIEVAL
 from .request import Request
 from .sampling import sample_token
 from .stops import find_stop, held_back
@@ -64,7 +65,7 @@ class Decoder:
                 request.ttft_s = time.perf_counter() - request.started
             elif len(request.generated) == 1:
                 request.second_token_s = time.perf_counter() - request.started
-            if token in self.stop_ids:
+            if token in self.stop_ids and not params.ignore_eos:
                 request.finish = "eos"
                 break
             request.generated.append(token)
@@ -126,10 +127,14 @@ class Decoder:
     def step(self, request: Request, token: int) -> None:
         """One forward pass of the last token, over the request's cache."""
         position = torch.tensor([request.next_position - 1], device=self.device)
-        with self.model_lock:
-            request.logits = forward_last_logits(
-                self.model, torch.tensor([token], device=self.device), position, request.cache
-            )
+        retrieving = ACTIVE_RETRIEVAL.set(request.retrieval)  # None: dense attention
+        try:
+            with self.model_lock:
+                request.logits = forward_last_logits(
+                    self.model, torch.tensor([token], device=self.device), position, request.cache
+                )
+        finally:
+            ACTIVE_RETRIEVAL.reset(retrieving)
 
     def exact_prefill(self, tokens: np.ndarray, generated: list[int]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """The cache and next-token logits full prefill would have after `generated`: the same

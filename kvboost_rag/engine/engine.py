@@ -18,6 +18,7 @@ from ..hf.cache import gather_slots
 from ..hf.fingerprint import model_fingerprint
 from ..hf.loader import load_model, resolve_dtype
 from ..hf.model import context_window, eos_ids, rotary_module
+from ..ops.decode_retrieval import DecodeRetrieval
 from ..plan.chunking import chunk_boundaries
 from ..plan.keys import KeySpace
 from ..plan.matching import ReusePlan, plan_reuse
@@ -165,6 +166,7 @@ class KVBoostRAG:
         top_k: int = 0,
         seed: int | None = None,
         stop: str | list[str] | None = None,
+        ignore_eos: bool = False,
         mode: Mode | None = None,
         repair: RepairStrategy | RepairConfig | None = None,
         exactness: ExactnessConfig | None = None,
@@ -178,10 +180,11 @@ class KVBoostRAG:
         `repair` overrides the engine's prefill repair (a strategy name or a RepairConfig),
         `exactness` what the answer reads after its first token; `return_first_logits` keeps the
         first token's fp32 logits on the result, for evals; `timeout_s` ends decoding once that
-        much time has passed (finish_reason "timeout"); `observer` sees every decode step.
+        much time has passed (finish_reason "timeout"); `observer` sees every decode step;
+        `ignore_eos` decodes past end-of-sequence tokens (answers of a fixed length, for benchmarks).
         """
         started = time.perf_counter()
-        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, stop)
+        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
         mode = self._check_mode(mode)
         if timeout_s is not None and not check_real(timeout_s, "timeout_s") > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
@@ -203,6 +206,7 @@ class KVBoostRAG:
             started=started,
             deadline=started + timeout_s if timeout_s is not None else float("inf"),
             timings=StageTimings(tokenize_s=tokenize_s),
+            retrieval=DecodeRetrieval(self.config.retrieval) if self.config.retrieval.applies(len(tokens)) else None,
         )
         return GenerationStream(self._run(request, observer or NO_OBSERVER))
 
@@ -313,4 +317,5 @@ def _result(request: Request) -> GenerationResult:
         exact_from=request.exact_from,
         token_ids=request.generated,
         first_logits=request.first_logits,
+        retrieval=request.retrieval.stats if request.retrieval is not None else None,
     )

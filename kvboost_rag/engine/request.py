@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..config import ExactnessConfig, Mode, RepairConfig
+from ..ops.decode_retrieval import DecodeRetrieval
 from ..plan.matching import ReusePlan
 from .result import FinishReason, StageTimings
 from .sampling import SamplingParams
@@ -46,6 +47,7 @@ class Request:
     finish: FinishReason = "length"
     ttft_s: float = 0.0
     second_token_s: float | None = None  # from the call to the second sampled token
+    retrieval: DecodeRetrieval | None = None  # decode steps attend to selected pages (long prompts)
 
     @property
     def next_position(self) -> int:

@@ -20,6 +20,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)  # a str or None is taken too
+    ignore_eos: bool = False  # decode past end-of-sequence tokens (benchmarks: answers of a fixed length)
 
     def __post_init__(self) -> None:
         """Every setting checked here, at construction, so a bad one fails before any model work."""
@@ -29,6 +30,8 @@ class SamplingParams:
         self.top_k = check_int(self.top_k, "top_k", 0)
         self.seed = check_seed(self.seed)
         self.stop = check_stop(self.stop)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         if self.temperature == 0:

@@ -22,6 +22,7 @@ from ..config import (
     Quantization,
     RepairConfig,
     RepairStrategy,
+    RetrievalConfig,
 )
 from ..engine import KVBoostRAG, SamplingParams
 
@@ -91,6 +92,7 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         'How moved KV is repaired: "none", "boundary", "cacheblend" or a RepairConfig.',
     ),
     _engine("exactness", ExactnessConfig, "What the answer reads after its first token (an ExactnessConfig)."),
+    _engine("retrieval", RetrievalConfig, "Decode-time KV retrieval for long prompts (off by default)."),
     _engine("warm_prefix", str, "Text encoded before every warmed document, its KV not kept."),
     _engine("kv_quantization", Quantization, 'Warmed chunks kept quantized, "int8" or "int4"; None keeps them as is.'),
     _engine(

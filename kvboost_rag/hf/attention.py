@@ -17,6 +17,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..ops.attention import grouped_attention
+from ..ops.decode_retrieval import ACTIVE_RETRIEVAL
 from .blend import ACTIVE_BLEND, SelectiveCache
 
 REUSE_ATTENTION = "kvboost_sdpa"
@@ -37,6 +38,12 @@ def few_queries_attention(
     if blend is not None and blend.narrows(module, query):
         return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
     heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
+    retrieval = ACTIVE_RETRIEVAL.get()
+    if retrieval is not None and not dropout and kwargs.get("softcap") is None and kwargs.get("sliding_window") is None:
+        scale = scaling if scaling is not None else head_dim**-0.5
+        selected = retrieval.attend(module.layer_idx, query, key, value, scale)
+        if selected is not None:
+            return selected, None
     kv_heads, length = key.shape[1], key.shape[2]
     if (
         attention_mask is None

@@ -1,4 +1,4 @@
-"""transformers' cache and forward API, behind four functions.
+"""transformers' cache and forward API, behind four functions and a cache layer.
 
 KV travels through kvboost-rag as stacked tensors [layers, kv_heads, tokens, head_dim]; this
 module turns them into a `DynamicCache`, runs the model, and reads the cache back. It changed
@@ -13,20 +13,81 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+HEADROOM_TOKENS = 256  # room a layer's buffer keeps past what it holds: a short answer never regrows it
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` that appends in place, into a buffer with room to spare.
+
+    DynamicLayer concatenates: every decode step copies the layer's whole cache to add one token,
+    so a step's cost grows with the prompt beyond reading it. Here a step writes its token and
+    the cache is a view of the buffer; the buffer doubles when full (amortized O(1) per token).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._length = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._length + key_states.shape[-2]
+        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
+            self._grow(key_states, value_states, end)
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._key_buffer[..., self._length : end, :].copy_(key_states)
+        self._value_buffer[..., self._length : end, :].copy_(value_states)
+        self._set_length(end)
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of tokens to remove")
+        if tokens_to_remove and self.is_initialized:
+            self._set_length(max(0, self._length + tokens_to_remove))
+
+    def reset(self) -> None:
+        self._key_buffer = self._value_buffer = None
+        self._length = 0
+        super().reset()
+
+    def _grow(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
+        held = 0 if self._key_buffer is None else self._key_buffer.shape[-2]
+        capacity = max(needed + HEADROOM_TOKENS, 2 * held)
+        shape_k, shape_v = (
+            (*keys.shape[:-2], capacity, keys.shape[-1]),
+            (*values.shape[:-2], capacity, values.shape[-1]),
+        )
+        key_buffer, value_buffer = keys.new_empty(shape_k), values.new_empty(shape_v)
+        if self._key_buffer is not None and self._length:
+            key_buffer[..., : self._length, :].copy_(self._key_buffer[..., : self._length, :])
+            value_buffer[..., : self._length, :].copy_(self._value_buffer[..., : self._length, :])
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+
+    def _set_length(self, length: int) -> None:
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._length = length
+        self.keys = self._key_buffer[..., :length, :]
+        self.values = self._value_buffer[..., :length, :]
+
 
 def make_cache(keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> DynamicCache:
-    """A cache over stacked K/V [L, H, n, D] (or empty), without copying them.
+    """A cache over stacked K/V [L, H, n, D] (or empty) whose layers append in place.
 
-    NOTE: the layers take views of the given tensors; the model's appends allocate new ones, so
-    the tensors passed in are never written.
+    NOTE: the given K/V are copied into each layer's buffer (once, as the first append of a
+    `DynamicLayer` would), so the tensors passed in are never written.
     """
-    if keys is None or values is None or keys.shape[2] == 0:
-        return DynamicCache()
     cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    if keys is None or values is None or keys.shape[2] == 0:
+        return cache
     for i in range(keys.shape[0]):
-        layer = DynamicLayer()
-        layer.lazy_initialization(keys[i : i + 1], values[i : i + 1])
-        layer.keys, layer.values = keys[i : i + 1], values[i : i + 1]
+        layer = GrowingLayer()
+        layer.update(keys[i : i + 1], values[i : i + 1])
         cache.layers.append(layer)
     return cache
 

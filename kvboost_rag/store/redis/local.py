@@ -69,6 +69,8 @@ def wait_until_up(port: int, timeout_s: float) -> None:
         try:
             if redis.Redis(port=port, socket_connect_timeout=0.2).ping():
                 return
+        except (redis.AuthenticationError, redis.ResponseError):
+            return  # it answers: it asks for a password
         except redis.ConnectionError:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"redis-server on port {port} did not start in {timeout_s}s") from None
