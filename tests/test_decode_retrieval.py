@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG, RetrievalConfig
-from kvboost_rag.ops.page_selection import attend_selected, page_bounds, page_summaries, select_tokens
+from kvboost_rag.ops.page_selection import Selection, attend_selected, page_bounds, page_summaries, select_pages
 
 SMALL = dict(enabled=True, page_size=8, budget_tokens=160, sink_tokens=16, recent_tokens=32, min_prompt_tokens=1)
 
@@ -31,7 +31,7 @@ def test_the_page_of_the_highest_scoring_token_is_kept() -> None:
     query = torch.randn(1, 16)
     keys[0, 131] = 4 * query[0] / query[0].norm()  # page 16 (tokens 128-135)
     bounds = page_bounds(query, *page_summaries(keys, 8))
-    tokens = select_tokens(bounds, 256, 8, budget=8 + 8 + 8, sink=8, recent=8)
+    tokens = select_pages(bounds, 256, 8, budget=8 + 8 + 8, sink=8, recent=8).tokens()
     assert 131 in tokens[0].tolist()
     assert tokens[0].tolist() == sorted(set(tokens[0].tolist())), "ascending, no repeats"
     assert tokens[0, :8].tolist() == list(range(8)) and tokens[0, -8:].tolist() == list(range(248, 256))
@@ -40,7 +40,8 @@ def test_the_page_of_the_highest_scoring_token_is_kept() -> None:
 def test_attending_to_every_token_is_dense_attention() -> None:
     torch.manual_seed(2)
     keys, values, query = torch.randn(2, 40, 8), torch.randn(2, 40, 8), torch.randn(6, 8)
-    every = torch.arange(40).expand(2, -1)
+    every = Selection(8, torch.arange(1, 3).expand(2, -1), 24, 40, 8)  # sink, both middle pages, recent
+    assert every.tokens()[0].tolist() == list(range(40))
     selected = attend_selected(query, keys, values, every, 8**-0.5)
     dense = torch.nn.functional.scaled_dot_product_attention(
         query.view(1, 6, 1, 8), keys.repeat_interleave(3, 0).unsqueeze(0), values.repeat_interleave(3, 0).unsqueeze(0)

@@ -135,7 +135,7 @@ def test_sigkill_during_warm_leaves_nothing_half_written(
 def test_two_processes_warming_at_once_end_consistent(
     tiny_model_dir: Path, tmp_path: Path, passages: list[str]
 ) -> None:
-    documents = corpus(passages, 120)
+    documents = corpus(passages, 60)
     data = write_jsonl(tmp_path / "docs.jsonl", documents)
     cache = tmp_path / "store"
     args = warm_args(data, cache, tiny_model_dir)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import RetrievalConfig
-from .page_selection import attend_selected, page_bounds, page_summaries, select_tokens
+from .page_selection import attend_selected, page_bounds, page_summaries, select_pages
 
 
 @dataclass(slots=True)
@@ -62,17 +62,19 @@ class DecodeRetrieval:
         chooser = current
         if config.speculative and state.query is not None:
             moved = _group_similarity(current, state.query, kv_heads) < config.correction_threshold
-            self.stats.corrected_heads += int(moved.sum())
+            corrected = int(moved.sum())
+            self.stats.corrected_heads += corrected
             self.stats.heads += kv_heads
-            group = current.shape[0] // kv_heads
-            chooser = torch.where(moved.repeat_interleave(group).unsqueeze(-1), current, state.query)
-        state.query = current.clone()
+            if corrected < kv_heads:  # all moved: the current query for every head
+                group = current.shape[0] // kv_heads
+                chooser = torch.where(moved.repeat_interleave(group).unsqueeze(-1), current, state.query)
+        state.query = current  # NOTE: a fresh tensor each step (the model's projection): no copy needed
         bounds = page_bounds(chooser, mins, maxs)
-        tokens = select_tokens(
+        selection = select_pages(
             bounds, length, config.page_size, config.budget_tokens, config.sink_tokens, config.recent_tokens
         )
         selected = time.perf_counter()
-        out = attend_selected(current, keys[0], values[0], tokens, scale)
+        out = attend_selected(current, keys[0], values[0], selection, scale)
         self.stats.steps += 1
         self.stats.select_s += selected - started
         self.stats.attend_s += time.perf_counter() - selected

@@ -10,6 +10,8 @@ pages.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -24,47 +26,79 @@ def page_bounds(query: torch.Tensor, mins: torch.Tensor, maxs: torch.Tensor) -> 
     """Quest's upper bound of q.k over each page, pooled over each KV head's query group.
 
     query [heads, d] (heads = kv_heads * group, grouped as transformers' repeat_kv lays them
-    out); mins, maxs [kv_heads, pages, d]. Returns [kv_heads, pages].
+    out); mins, maxs [kv_heads, pages, d]. Returns [kv_heads, pages]. The bound
+    sum_d max(q_d min_d, q_d max_d) is q+ . max + q- . min, and pooled over the group it is the
+    group's summed q+ and q- against each page: two matrix products, no [heads, pages, d] term.
     """
-    kv_heads = mins.shape[0]
-    grouped = query.float().view(kv_heads, -1, 1, query.shape[-1])  # [kv, group, 1, d]
-    bound = torch.maximum(grouped * mins.float().unsqueeze(1), grouped * maxs.float().unsqueeze(1))
-    return bound.sum(dim=-1).sum(dim=1)
+    kv_heads, dim = mins.shape[0], query.shape[-1]
+    grouped = query.view(kv_heads, -1, dim).to(mins.dtype)
+    positive = grouped.clamp(min=0).sum(dim=1, keepdim=True)  # [kv, 1, d]
+    negative = grouped.clamp(max=0).sum(dim=1, keepdim=True)
+    bound = torch.baddbmm(torch.bmm(positive, maxs.transpose(1, 2)), negative, mins.transpose(1, 2))
+    return bound.squeeze(1).float()
 
 
-def select_tokens(
-    bounds: torch.Tensor, length: int, page_size: int, budget: int, sink: int, recent: int
-) -> torch.Tensor:
-    """Token indices each KV head attends to [kv_heads, budget'], ascending: the first `sink`
-    tokens, the last `recent`, and the best whole pages between them within `budget` tokens.
+@dataclass(slots=True, frozen=True)
+class Selection:
+    """What each KV head attends to: tokens [0, sink_end), the middle pages `pages`
+    [kv_heads, m] (ascending), and tokens [recent_start, length)."""
+
+    sink_end: int
+    pages: torch.Tensor
+    recent_start: int
+    length: int
+    page_size: int
+
+    def tokens(self) -> torch.Tensor:
+        """The selected token indices [kv_heads, sink + m * page + recent], ascending."""
+        kv_heads, device = self.pages.shape[0], self.pages.device
+        offsets = torch.arange(self.page_size, device=device)
+        middle = (self.pages.unsqueeze(-1) * self.page_size + offsets).reshape(kv_heads, -1)
+        head = torch.arange(self.sink_end, device=device).expand(kv_heads, -1)
+        tail = torch.arange(self.recent_start, self.length, device=device).expand(kv_heads, -1)
+        return torch.cat([head, middle, tail], dim=1)
+
+
+def select_pages(bounds: torch.Tensor, length: int, page_size: int, budget: int, sink: int, recent: int) -> Selection:
+    """The first `sink` tokens, the last `recent` and the best whole pages between them, within
+    `budget` tokens (sink and recent rounded out to whole pages).
 
     `bounds` [kv_heads, pages] covers the whole pages of the first `length` tokens.
     """
-    kv_heads, pages = bounds.shape
+    kv_heads = bounds.shape[0]
     first_page = -(-sink // page_size)  # pages wholly or partly in the sink are kept whole
     recent_start = max(length - recent, first_page * page_size)
     last_page = recent_start // page_size  # pages from here on overlap the recent window
-    spare = max(0, (budget - first_page * page_size - (length - last_page * page_size)) // page_size)
-    device = bounds.device
+    kept = first_page * page_size + (length - last_page * page_size)
     middle = bounds[:, first_page:last_page]
-    take = min(spare, middle.shape[1])
-    chosen = middle.topk(take, dim=1).indices + first_page if take else middle.new_zeros(kv_heads, 0, dtype=torch.long)
-    chosen = chosen.sort(dim=1).values
-    offsets = torch.arange(page_size, device=device)
-    picked = (chosen.unsqueeze(-1) * page_size + offsets).reshape(kv_heads, -1)
-    head = torch.arange(first_page * page_size, device=device).expand(kv_heads, -1)
-    tail = torch.arange(last_page * page_size, length, device=device).expand(kv_heads, -1)
-    return torch.cat([head, picked, tail], dim=1)
+    take = min(max(0, (budget - kept) // page_size), middle.shape[1])
+    if take:
+        pages = middle.topk(take, dim=1).indices.sort(dim=1).values + first_page
+    else:
+        pages = torch.zeros(kv_heads, 0, dtype=torch.long, device=bounds.device)
+    return Selection(first_page * page_size, pages, last_page * page_size, length, page_size)
 
 
 def attend_selected(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tokens: torch.Tensor, scale: float
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, selection: Selection, scale: float
 ) -> torch.Tensor:
-    """One query per head [heads, d] over each KV head's selected tokens [kv_heads, m] of
-    keys/values [kv_heads, n, d]. Returns [heads, d]."""
+    """One query per head [heads, d] over each KV head's selection of keys/values [kv_heads, n, d].
+    Returns [heads, d].
+
+    The selected tokens are copied once into one block per KV head (the middle pages whole
+    pages at a time, sink and recent as slices): a few MB a layer, against reading all n.
+    """
     kv_heads, _, dim = keys.shape
-    index = tokens.unsqueeze(-1).expand(-1, -1, dim)
-    picked_keys, picked_values = keys.gather(1, index), values.gather(1, index)  # only the selected pages
-    grouped = (query * scale).view(kv_heads, -1, dim)  # [kv, group, d]
-    probs = torch.matmul(grouped, picked_keys.transpose(1, 2)).float().softmax(dim=-1).to(values.dtype)
-    return torch.matmul(probs, picked_values).reshape(-1, dim)
+    page, m = selection.page_size, selection.pages.shape[1]
+    rows = torch.arange(kv_heads, device=keys.device).unsqueeze(1)
+
+    def gathered(kv: torch.Tensor) -> torch.Tensor:
+        paged = kv[:, : selection.recent_start].view(kv_heads, -1, page, dim)
+        middle = paged[rows, selection.pages].view(kv_heads, m * page, dim)
+        head, tail = kv[:, : selection.sink_end], kv[:, selection.recent_start : selection.length]
+        return torch.cat([head, middle, tail], dim=1).unsqueeze(0)
+
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.view(1, -1, 1, dim), gathered(keys), gathered(values), scale=scale, enable_gqa=True
+    )
+    return out.view(-1, dim)
