@@ -315,8 +315,63 @@ def redis_tier(data: dict[str, Any]) -> str:
     )
 
 
+def decode(data: dict[str, Any]) -> str:
+    """Decode step against prompt length: ours, transformers' generate, retrieval, the floor."""
+    columns: list[Column] = [
+        ("prompt tokens", get("prompt_tokens"), "{:,}"),
+        ("ours", get("ours_step_ms"), "{:.0f} ms"),
+        ("tokens/s", get("ours_tokens_per_s"), "{:.1f}"),
+        ("floor", get("floor_step_ms"), "{:.0f} ms"),
+        ("ours x floor", get("ours_x_floor"), "{:.2f}"),
+        ("transformers generate", get("transformers_step_ms"), "{:.0f} ms"),
+        ("= ours", get("transformers_same_tokens"), lambda x: "yes" if x else "no"),
+        ("retrieval", get("retrieval_step_ms"), "{:.0f} ms"),
+        ("speedup", get("retrieval_speedup"), "{:.2f}x"),
+        ("selection", get("retrieval_select_ms_per_step"), "{:.1f} ms"),
+        ("attention", get("retrieval_attend_ms_per_step"), "{:.1f} ms"),
+        ("corrected heads", get("retrieval_corrected_share"), "{:.0%}"),
+        ("= dense", get("retrieval_same_tokens"), lambda x: "yes" if x else "no"),
+    ]
+    notes = (
+        f"{data['max_new_tokens']} new tokens, greedy; floor: weights ({data['weights_bytes'] / 1e6:.0f} MB) plus "
+        f"{data['kv_bytes_per_token'] / 1e3:.0f} KB of KV a token over {data['read_bandwidth_gb_s']:.1f} GB/s "
+        "(numpy sum here); selection and attention are retrieval's, per step (all layers)."
+    )
+    return notes + "\n\n" + columns_table(columns, data["rows"])
+
+
+def retrieval_nq(data: dict[str, Any]) -> str:
+    """Retrieval against dense attention on long NQ prompts."""
+    return table(
+        [
+            "questions",
+            "k",
+            "prompt tokens",
+            "same 32 tokens",
+            "same answer line",
+            "EM dense",
+            "EM retrieval",
+            "decode speedup",
+        ],
+        [
+            [
+                f"{data['questions']}",
+                f"{data['k']}",
+                f"{data['prompt_tokens_median']:,.0f}",
+                f"{data['same_tokens_share']:.0%}",
+                f"{data['same_first_line_share']:.0%}",
+                f"{data['em_dense']:.1%}",
+                f"{data['em_retrieval']:.1%}",
+                f"{data['decode_speedup_median']:.2f}x",
+            ]
+        ],
+    )
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
+    "bench_decode": decode,
+    "bench_retrieval_nq": retrieval_nq,
     "bench_redis": redis_tier,
     "bench_budget": budget,
     "bench_ttft": ttft,
