@@ -380,3 +380,29 @@ def test_a_password_from_the_environment_and_a_wrong_one(
             warnings.simplefilter("ignore")
             result = refused.generate(prompt_of(passages[:2]), max_new_tokens=2, store_prompt=False)
         assert result.new_tokens == 2 and result.reused_approximate_tokens == 0, "answered without the tier"
+
+
+def test_the_tiers_share_one_match_window(
+    tiny_engine: KVBoostRAG, server: LocalRedis, passages: list[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "kv"
+    worker(tiny_engine, str(folder), match_window=32).warm(passages[:1])
+    both = worker(tiny_engine, f"{folder},{server.url}")
+    remote = both.store.tiers[1]
+    assert both.config.match_window == 32 and isinstance(remote, RedisStore) and remote.window == 32
+    other = server.url + "?namespace=other"
+    RedisStore(other)  # a namespace that recorded the default window, 16
+    with pytest.raises(StoreSettingsError, match="windows of 16 tokens"):
+        worker(tiny_engine, f"{folder},{other}")
+
+
+def test_a_cluster_that_cannot_be_reached_is_a_warning(tiny_engine: KVBoostRAG, passages: list[str]) -> None:
+    from kvboost_rag.store.redis.local import free_port
+
+    with pytest.warns(UserWarning, match="cannot be reached"):
+        engine = worker(tiny_engine, f"redis://127.0.0.1:{free_port()}/0?cluster=true&retry_after=60")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = engine.generate(prompt_of(passages[:2]), max_new_tokens=2, store_prompt=False)
+        assert engine.warm(passages[:1]).documents == 1
+    assert result.new_tokens == 2

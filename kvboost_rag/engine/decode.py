@@ -101,6 +101,8 @@ class Decoder:
         request.cache, request.slot_positions, request.logits = self.exact_prefill(request.tokens, request.generated)
         request.exact, request.exact_end, request.exact_from = True, len(request.tokens), len(request.generated)
         request.recomputed_tokens += len(request.tokens) + len(request.generated)
+        if request.retrieval is not None:
+            request.retrieval.forget()  # its page summaries described the replaced cache
         spent = time.perf_counter() - started
         request.refresh_s += spent
         if not request.generated:

@@ -46,6 +46,11 @@ class DecodeRetrieval:
     stats: RetrievalStats = field(default_factory=RetrievalStats)
     _layers: dict[int, _Layer] = field(default_factory=dict)
 
+    def forget(self) -> None:
+        """Drop every layer's summaries and last query: the cache was replaced (an exact
+        recompute), so they no longer describe its keys."""
+        self._layers.clear()
+
     def attend(
         self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
     ) -> torch.Tensor | None:

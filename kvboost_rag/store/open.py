@@ -22,20 +22,29 @@ def open_store(config: EngineConfig, model: Fingerprint, device: torch.device) -
     where the config left them at their defaults (see `settings.reconcile`)."""
     locations = StoreLocations.parse(config.store)
     tiers: list[ChunkTier] = []
-    if locations.directory is not None:
-        disk = _open_disk(locations.directory, config, device)
-        if disk is not None:
-            tiers.append(disk)
-    if locations.redis_url is not None:
-        try:
-            from .redis import RedisStore  # NOTE: redis-py is an extra; imported only where a URL asks for it
-        except ImportError as error:
-            raise ImportError(f"a Redis store needs: pip install 'kvboost-rag[redis]' ({error})") from None
-        tiers.append(RedisStore(locations.redis_url, config.match_window, device))
     try:
-        for tier in tiers:
-            config = reconcile(config, *_recorded(tier, model), str(tier))
-    except StoreSettingsError:
+        # NOTE: each tier reconciled as it opens, so the next one is opened with the settings
+        # (the match window) the ones before it hold.
+        if locations.directory is not None:
+            disk = _open_disk(locations.directory, config, device)
+            if disk is not None:
+                tiers.append(disk)
+                config = reconcile(config, *_recorded(disk, model), str(disk))
+        if locations.redis_url is not None:
+            try:
+                from .redis import RedisStore  # NOTE: redis-py is an extra; imported only where a URL asks for it
+            except ImportError as error:
+                raise ImportError(f"a Redis store needs: pip install 'kvboost-rag[redis]' ({error})") from None
+            remote = RedisStore(locations.redis_url, config.match_window, device)
+            tiers.append(remote)
+            window = config.match_window
+            config = reconcile(config, *_recorded(remote, model), str(remote))
+            if config.match_window != window:
+                raise StoreSettingsError(
+                    f"{remote} indexes windows of {config.match_window} tokens, the directory {window}: "
+                    "a store's tiers must share one match window (use another namespace)"
+                )
+    except (StoreSettingsError, ImportError):
         for tier in tiers:
             tier.close()
         raise

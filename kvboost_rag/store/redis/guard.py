@@ -9,11 +9,18 @@ import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
-from redis.exceptions import BusyLoadingError, ClusterDownError, ConnectionError, TimeoutError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ConnectionError,
+    RedisClusterException,
+    TimeoutError,
+)
 
 T = TypeVar("T")
 
-LOST = (ConnectionError, TimeoutError, BusyLoadingError, ClusterDownError, OSError)
+# NOTE: RedisClusterException (no node reachable while the client is built) is not a RedisError.
+LOST = (ConnectionError, TimeoutError, BusyLoadingError, ClusterDownError, RedisClusterException, OSError)
 
 
 class RedisUnavailable(ConnectionError):

@@ -30,7 +30,7 @@ from ..format import load_chunk, serialize, to_device
 from ..location import DEFAULT_SHARDS, RedisLocation
 from ..settings import SCHEMA_VERSION, KeySettings, StoreSettingsError
 from ..tier import ModelStats
-from .guard import ConnectionGuard
+from .guard import LOST, ConnectionGuard
 from .layout import KeyLayout
 from .scripts import PUT_CHUNK, REMOVE_CHUNK
 
@@ -73,7 +73,7 @@ class RedisStore:
         self.layout = KeyLayout(self.location.namespace, self.location.shards or DEFAULT_SHARDS)
         try:
             self.guard.call(self._claim)
-        except redis.RedisError as error:
+        except LOST as error:
             warnings.warn(
                 f"kvboost-rag: {self.guard.name} cannot be reached ({error}); serving without it until it answers",
                 stacklevel=2,
@@ -145,7 +145,8 @@ class RedisStore:
         return bool(self._call(lambda: self._client.exists(self.layout.chunk(key))))
 
     def get(self, key: ContentHash) -> ChunkEntry | None:
-        data = self._call(lambda: self._client.get(self.layout.chunk(key)))
+        """The chunk, its TTL renewed (a read is a use; pinned chunks keep none)."""
+        data = self._call(lambda: self._read(self.layout.chunk(key)))
         if data is None:
             self.counters.missing += 1
             return None
@@ -171,6 +172,14 @@ class RedisStore:
             next_chunk=ContentHash(record.next_chunk) if record.next_chunk is not None else None,
             importance=record.importance,
         )
+
+    def _read(self, name: str) -> bytes | None:
+        if self.location.ttl_s == 0:
+            return self._client.get(name)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(name)
+        pipe.expire(name, self.location.ttl_s, xx=True)
+        return pipe.execute()[0]
 
     def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
         def lookup() -> list[bytes | None]:
@@ -350,6 +359,11 @@ class RedisStore:
             content = ContentHash(self.layout.hex_of(key))
             if self.get(content) is None:
                 report.dropped.append(content.hex())
+        for key in self._scan("p"):
+            content = self._call(lambda: self._client.get(key))
+            if content is not None and not self._call(lambda: self._client.exists(self.layout.chunk(content))):
+                self._call(lambda: self._client.delete(key))
+                report.postings_removed += 1
         for key in self._scan("w"):
             members = self._call(lambda: self._client.smembers(key))
             gone = [m for m in members if not self._call(lambda m=m: self._client.exists(self.layout.chunk(m)))]
@@ -380,7 +394,15 @@ class RedisStore:
         return list(replies[0::2]), list(replies[1::2])
 
     def _call(self, operation: Callable[[], T]) -> T:
-        return self.guard.call(operation)
+        """An operation on the server, after its manifest is read (a tier opened while Redis was
+        down learns the namespace's layout before its first write)."""
+
+        def ready_then() -> T:
+            if not self._ready:
+                self._claim()
+            return operation()
+
+        return self.guard.call(ready_then)
 
 
 def _client(location: RedisLocation) -> redis.Redis | RedisCluster:
