@@ -91,6 +91,17 @@ def window_keys(fingerprint: Fingerprint, tokens: np.ndarray, window: int) -> li
     ]
 
 
+def indexed_window_keys(fingerprint: Fingerprint, tokens: np.ndarray, window: int) -> list[WindowKey]:
+    """The keys a stored chunk is indexed by: the window starting every `window` tokens, the
+    i-th at offset i * window (`window_keys(...)[::window]`, without hashing the others)."""
+    raw = np.ascontiguousarray(tokens, dtype=np.int64).tobytes()
+    step = 8
+    return [
+        WindowKey(hashlib.blake2b(raw[i * step : (i + window) * step], digest_size=8, key=fingerprint).digest())
+        for i in range(0, len(raw) // step - window + 1, window)
+    ]
+
+
 def fingerprint_from_parts(parts: Sequence[str | bytes]) -> Fingerprint:
     h = hashlib.sha256(b"kvboost-rag-fingerprint-v1")
     for part in parts:

@@ -38,6 +38,10 @@ class ChunkEntry:
         """Keys and values as tensors in the model's dtype."""
         return dense(self.keys), dense(self.values)
 
+    def value_importance(self) -> float:
+        """Its importance, or the mean norm of its values where none was given."""
+        return self.importance if self.importance is not None else value_norm(self.dense_kv()[1])
+
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes + self.tokens.nbytes

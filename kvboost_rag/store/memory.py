@@ -19,8 +19,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from ..plan.keys import ContentHash, PrefixHash, WindowKey, window_keys
-from .entry import ChunkEntry, DocumentRecord, value_norm
+from ..plan.keys import ContentHash, PrefixHash, WindowKey, indexed_window_keys
+from .entry import ChunkEntry, DocumentRecord
 from .eviction import EvictionWeights, Usage, keep_score
 from .tier import ChunkTier
 
@@ -185,10 +185,9 @@ class ChunkStore:
                 self._by_prefix.setdefault(entry.prefix_hash, entry_id)
             if entry.approximate_ok:
                 self._by_content[entry.content_hash] = entry_id
-                keys = window_keys(entry.fingerprint, entry.tokens, self.match_window)
-                entry.window_keys = keys[:: self.match_window]
-                for offset, key in zip(range(0, len(keys), self.match_window), entry.window_keys):
-                    self._by_window.setdefault(key, []).append((entry_id, offset))
+                entry.window_keys = indexed_window_keys(entry.fingerprint, entry.tokens, self.match_window)
+                for i, key in enumerate(entry.window_keys):
+                    self._by_window.setdefault(key, []).append((entry_id, i * self.match_window))
             self._evict_to(self.budget_bytes, keep=entry_id)
             if self._bytes > self.budget_bytes and not self._protected(self._usage[entry_id]):
                 self._remove(entry_id)  # only pinned or in-use chunks are left to evict
@@ -238,7 +237,7 @@ class ChunkStore:
             return iter(list(self._entries.values()))
 
     def _relative_importance(self, entry: ChunkEntry) -> float:
-        norm = entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1])
+        norm = entry.value_importance()
         self._norm_total += norm
         self._norm_count += 1
         return norm / (self._norm_total / self._norm_count) if self._norm_total > 0 else 1.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...plan.keys import ContentHash, Fingerprint, window_keys
+from ...plan.keys import ContentHash, Fingerprint, indexed_window_keys
 from ..entry import DocumentRecord
 from ..format import read_record
 from ..settings import KeySettings
@@ -67,7 +67,7 @@ def rebuild_index(root: Path) -> RecoveryReport:
             path.unlink(missing_ok=True)
             report.unrecoverable_files += 1
             continue
-        keys = window_keys(Fingerprint(record.fingerprint), record.tokens, window)[::window]
+        keys = indexed_window_keys(Fingerprint(record.fingerprint), record.tokens, window)
         row = EntryRow(
             record.content_hash,
             record.fingerprint,

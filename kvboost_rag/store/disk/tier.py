@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, window_keys
-from ..entry import ChunkEntry, DocumentRecord, value_norm
+from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, indexed_window_keys
+from ..entry import ChunkEntry, DocumentRecord
 from ..format import deserialize, serialize, to_device, write_atomically
 from ..settings import KeySettings
 from .index import DiskIndex, EntryRow, ModelStats
@@ -98,12 +98,12 @@ class DiskStore:
             return False
         name = entry.content_hash.hex()
         path = self.root / "kv" / name[:2] / f"{name}.safetensors"
-        importance = entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1])
+        importance = entry.value_importance()
         data = serialize(entry, importance)
         if not self._make_room(len(data)):
             return False
         write_atomically(path, data)
-        keys = window_keys(entry.fingerprint, entry.tokens, self.window)[:: self.window]
+        keys = indexed_window_keys(entry.fingerprint, entry.tokens, self.window)
         row = EntryRow(
             entry.content_hash,
             entry.fingerprint,

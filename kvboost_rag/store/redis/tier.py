@@ -24,8 +24,8 @@ import redis
 import torch
 from redis.cluster import RedisCluster
 
-from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, content_hash, window_keys
-from ..entry import ChunkEntry, DocumentRecord, value_norm
+from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, content_hash, indexed_window_keys
+from ..entry import ChunkEntry, DocumentRecord
 from ..format import load_chunk, serialize, to_device
 from ..location import DEFAULT_SHARDS, RedisLocation
 from ..settings import SCHEMA_VERSION, KeySettings, StoreSettingsError
@@ -198,7 +198,7 @@ class RedisStore:
         """Store a document chunk with its index entries; False when it was there already."""
         if self.contains(entry.content_hash):
             return False
-        importance = entry.importance if entry.importance is not None else value_norm(entry.dense_kv()[1])
+        importance = entry.value_importance()
         data = serialize(entry, importance)
         keys = self._index_keys(entry.content_hash, entry.prefix_hash, entry.tokens, entry.fingerprint)
         args = [data, entry.content_hash, self.location.ttl_s, "1" if entry.prefix_hash is not None else "0"]
@@ -221,7 +221,7 @@ class RedisStore:
         self, content: bytes, prefix: bytes | None, tokens: np.ndarray, fingerprint: Fingerprint
     ) -> list[str]:
         group = self.layout.group_of(content)
-        windows = window_keys(fingerprint, tokens, self.window)[:: self.window]
+        windows = indexed_window_keys(fingerprint, tokens, self.window)
         keys = [self.layout.chunk(content)]
         if prefix is not None:
             keys.append(self.layout.prefix(group, prefix))
