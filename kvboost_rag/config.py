@@ -31,7 +31,11 @@ MEMORY_ONLY = "memory"
 class RepairConfig:
     """What the prefill recomputes of the moved (reused) KV.
 
-    `rho`: share of moved tokens CacheBlend recomputes after its check layer.
+    `rho`: share of moved tokens CacheBlend recomputes after its check layer, at most
+    `max_tokens_per_run` for each reused run (a document's moved KV; None: no cap): a moved
+    document's error sits at its first tokens, where the attention sink was (EPIC), so a long
+    document needs no more repair than a short one. rho = 1 recomputes every moved token, cap or
+    not: full prefill's logits.
     `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
     reused, little can be wrong). `narrow_check_layer`: the check layer's attention and
     feed-forward run for the selected tokens only (the next layer drops the rest); off runs them
@@ -40,6 +44,7 @@ class RepairConfig:
 
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
+    max_tokens_per_run: int | None = 32
     check_layer: int = 1
     deviation: Deviation = "key"
     boundary_tokens: int = 16
@@ -55,6 +60,12 @@ class RepairConfig:
             raise ValueError(f"rho must be in [0, 1], got {self.rho!r}")
         if self.check_layer < 0:
             raise ValueError("check_layer must be >= 0")
+        if self.max_tokens_per_run is not None and (
+            isinstance(self.max_tokens_per_run, bool)
+            or not isinstance(self.max_tokens_per_run, int)
+            or self.max_tokens_per_run < 0
+        ):
+            raise ValueError(f"max_tokens_per_run must be None or an integer >= 0, got {self.max_tokens_per_run!r}")
         if self.deviation not in ("value", "key"):
             raise ValueError(f"deviation must be 'value' or 'key', got {self.deviation!r}")
         if min(self.boundary_tokens, self.tail_tokens, self.blend_boundary_tokens) < 0:

@@ -9,7 +9,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvboost_rag.hf.attention import few_queries_attention
-from kvboost_rag.ops.attention import position_mask
+from kvboost_rag.ops.attention import blockwise_grouped_attention, causal_blocks, grouped_attention, position_mask
 
 
 @pytest.mark.parametrize("boolean_mask", [False, True])
@@ -65,3 +65,19 @@ def test_many_queries_or_no_mask_go_to_sdpa() -> None:
 
 def test_the_engine_uses_it(engine) -> None:
     assert engine.model.config._attn_implementation == "kvboost_sdpa"
+
+
+def test_blockwise_attention_skips_only_the_keys_the_mask_drops() -> None:
+    """CacheBlend's selected queries by position: each run of them reads the keys up to its
+    last position only, and gets what attention over every key gives."""
+    torch.manual_seed(0)
+    heads, kv_heads, length, head_dim = 9, 3, 300, 16
+    query_positions = torch.sort(torch.randperm(length)[:70]).values
+    query = torch.randn(1, heads, 70, head_dim)
+    key, value = torch.randn(1, kv_heads, length, head_dim), torch.randn(1, kv_heads, length, head_dim)
+    mask = position_mask(query_positions, torch.arange(length), torch.float32)
+    blocks = causal_blocks(query_positions, 4)
+    assert [(a, b) for a, b, _ in blocks] == [(0, 17), (17, 35), (35, 52), (52, 70)]
+    assert [end for _, _, end in blocks] == [int(query_positions[b - 1]) + 1 for _, b, _ in blocks]
+    ours = blockwise_grouped_attention(query, key, value, mask, 0.25, query_positions)
+    torch.testing.assert_close(ours, grouped_attention(query, key, value, mask, 0.25), atol=1e-6, rtol=1e-5)

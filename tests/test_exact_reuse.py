@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.config import RepairConfig
+from kvboost_rag.eval.prompt import rag_messages
 
 
 def test_all_exact_chunks_give_full_prefill_logits(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
@@ -72,6 +74,28 @@ def test_chunks_stored_after_a_mixed_prefill_are_exact(fresh_engine: KVBoostRAG,
     head_tokens = len(fresh_engine.tokenize_prompt(head))
     assert plan.exact_chunks == head_tokens // fresh_engine.config.chunk_size >= 2
     assert (exact - full).abs().max().item() <= 1e-3
+
+
+def test_a_templates_head_is_exact_in_every_later_prompt(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+    """The tokens before a prompt's first reused document (system prompt, template opening) are
+    computed with nothing before them: kept after the answer, they are EXACT in the next prompt
+    of that template, whatever its documents, and only there."""
+    documents = passages[24:28]
+    fresh_engine.warm(documents)
+    later = rag_messages("Which one is the oldest?", documents[2:][::-1])
+    assert fresh_engine.plan(later).segments[0].kind == "computed"
+    fresh_engine.generate(rag_messages("What is this?", documents[:2]), max_new_tokens=1, store_prompt=False)
+    assert fresh_engine.plan(later).segments[0].kind == "computed", "store_prompt=False keeps nothing"
+    fresh_engine.generate(rag_messages("What is this?", documents[:2]), max_new_tokens=1)
+    plan = fresh_engine.plan(later)
+    head, first_document = plan.segments[:2]
+    assert head.kind == "exact" and head.start == 0 and first_document.kind == "approximate"
+    assert head.end == first_document.start >= 8
+    reused, _ = fresh_engine.next_token_logits(later, repair=RepairConfig(rho=1.0))
+    full, _ = fresh_engine.next_token_logits(later, mode="full")
+    assert (reused - full).abs().max().item() <= 1e-3
+    other_system = [{"role": "system", "content": "Be brief."}, later[1]]
+    assert fresh_engine.plan(other_system).segments[0].kind == "computed", "another head is not this one"
 
 
 def test_the_next_chat_turn_finds_the_last_answer(fresh_engine: KVBoostRAG) -> None:

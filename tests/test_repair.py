@@ -46,6 +46,31 @@ def test_selection_picks_the_largest_deviations() -> None:
     picked = select_for_recompute(fresh, cached, candidates, forced, rho=0.2)  # ceil(0.2 * 9) = 2
     assert picked.tolist() == [0, 2, 7]
     assert select_for_recompute(fresh, cached, candidates, forced, rho=1.0).tolist() == list(range(9))
+    assert select_for_recompute(fresh, cached, candidates, forced, rho=1.0, limit=1).tolist() == [0, 2]
+
+
+def test_a_long_documents_repair_is_capped_per_run(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+    """rho of a long document's tokens is more than its seam needs: at most max_tokens_per_run
+    of each moved run are recomputed (rho = 1 stays full prefill, cap or not)."""
+    documents = ["\n".join(passages[0:4]), "\n".join(passages[4:8])]
+    fresh_engine.warm(documents)
+    prompt = rag_messages("Which came first?", documents[::-1])
+    plan = fresh_engine.plan(prompt)
+    runs = len(reused_runs(plan))
+    assert runs >= 2 and plan.tokens("approximate") > 600
+    capped = fresh_engine.generate(
+        prompt, repair=RepairConfig(rho=0.3, max_tokens_per_run=8), exactness=OFF, max_new_tokens=1, store_prompt=False
+    )
+    uncapped = fresh_engine.generate(
+        prompt, repair=RepairConfig(rho=0.3, max_tokens_per_run=None), exactness=OFF, max_new_tokens=1, store_prompt=False
+    )
+    assert capped.repair_tokens == 8 * runs
+    assert uncapped.repair_tokens == math.ceil(0.3 * plan.tokens("approximate"))
+    full, _ = fresh_engine.next_token_logits(prompt, mode="full")
+    everything, _ = fresh_engine.next_token_logits(prompt, repair=RepairConfig(rho=1.0, max_tokens_per_run=8))
+    assert (everything - full).abs().max().item() <= 1e-3
+    with pytest.raises(ValueError, match="max_tokens_per_run"):
+        RepairConfig(max_tokens_per_run=-1)
 
 
 def _plan() -> ReusePlan:
@@ -101,7 +126,7 @@ def test_check_layer_attends_for_the_selected_tokens_only(
         narrowed.append(original(self, *args))
         return narrowed[-1]
 
-    repair = RepairConfig(strategy="cacheblend", rho=0.3)
+    repair = RepairConfig(strategy="cacheblend", rho=0.3, max_tokens_per_run=None)
     check_mlp = fresh_engine.model.model.layers[repair.check_layer].mlp
     rows: list[int] = []
     handle = check_mlp.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))

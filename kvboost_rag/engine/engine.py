@@ -27,7 +27,7 @@ from ..store.open import open_store, record_settings
 from .decode import DecodeObserver, Decoder
 from .inputs import check_documents, check_prompt, check_real
 from .prefill import PrefillRunner
-from .prompt_cache import conversation_tail, store_prompt_chunks
+from .prompt_cache import conversation_tail, store_prompt_chunks, store_prompt_head
 from .request import Request
 from .result import GenerationResult, StageTimings, WarmReport
 from .sampling import SamplingParams
@@ -269,6 +269,7 @@ class KVBoostRAG:
         yield from self._decoder.run(request, max_new, observer)
         if request.store_prompt:
             store_prompt_chunks(self.store, self.keys, self.config.chunk_size, request)
+            store_prompt_head(self.store, self.keys, request)
             self._keep_tail(request)
         return _result(request)
 

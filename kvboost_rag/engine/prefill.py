@@ -24,7 +24,7 @@ from ..ops.attention import position_mask
 from ..ops.rope import rerotate_keys
 from ..ops.selection import blend_candidates, select_for_recompute
 from ..plan.matching import ReusePlan, Segment
-from ..plan.repair import boundary_positions, with_recomputed
+from ..plan.repair import boundary_positions, reused_runs, with_recomputed
 from .result import StageTimings
 
 
@@ -136,10 +136,13 @@ class PrefillRunner:
         if repair.blend_boundary_tokens:
             forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
         use_values = repair.deviation == "value"
+        runs = len(reused_runs(plan))
+        capped = repair.max_tokens_per_run is not None and repair.rho < 1.0
+        limit = repair.max_tokens_per_run * runs if capped else None
 
         def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
             fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
-            return select_for_recompute(fresh, cached, moved, forced, repair.rho)
+            return select_for_recompute(fresh, cached, moved, forced, repair.rho, limit)
 
         check_layer = min(repair.check_layer, layers - 1)
         cache = SelectiveCache(mixed_keys, mixed_values, check_layer, select, repair.narrow_check_layer)

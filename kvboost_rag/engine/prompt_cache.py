@@ -1,6 +1,8 @@
 """After an answer: keep what later prompts will hold again.
 
-The prompt's exactly computed chunks, for later EXACT (prefix) hits; and the conversation's new
+The prompt's exactly computed chunks, for later EXACT (prefix) hits; its head (a system prompt
+and a template's opening, before the first reused document), which every later prompt of the
+same template opens with; and the conversation's new
 tail (the tokens the prompt computed after its last reused one, and the answer), so the next
 turn of a chat finds its history wherever it lands, with no model work spent to keep it.
 """
@@ -12,6 +14,7 @@ import torch
 
 from ..hf.cache import gather_slots
 from ..plan.keys import KeySpace, chained_prefix_hashes, content_hash
+from ..plan.matching import MIN_HEAD_TOKENS, head_key
 from ..store.entry import ChunkEntry
 from ..store.memory import ChunkStore
 from .request import Request
@@ -44,6 +47,36 @@ def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, requ
                 approximate_ok=False,
             )
         )
+
+
+def store_prompt_head(store: ChunkStore, keys: KeySpace, request: Request) -> None:
+    """Store the computed tokens before the prompt's first reused document, when it has one.
+
+    Nothing before them, so their KV is full prefill's whatever the repair did later; kept in
+    memory only (it is one entry per template, and the next process makes it with its first
+    request)."""
+    plan = request.plan
+    assert plan is not None and request.slot_positions is not None
+    first, following = plan.segments[0], plan.segments[1] if len(plan.segments) > 1 else None
+    if first.kind != "computed" or following is None or following.kind != "approximate":
+        return
+    if len(first) < MIN_HEAD_TOKENS:
+        return
+    head = request.tokens[: first.end].copy()
+    head_keys, head_values = gather_slots(request.cache, torch.argsort(request.slot_positions)[: first.end])
+    store.put(
+        ChunkEntry(
+            tokens=head,
+            keys=head_keys,
+            values=head_values,
+            base_position=0,
+            fingerprint=keys.model,
+            content_hash=content_hash(keys.model, head),
+            prefix_hash=head_key(keys, head),
+            approximate_ok=False,
+        ),
+        persist=False,
+    )
 
 
 def conversation_tail(request: Request, min_tokens: int) -> tuple[np.ndarray, torch.Tensor, int] | None:

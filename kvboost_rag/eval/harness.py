@@ -35,6 +35,7 @@ from ..plan.matching import ReusePlan
 from .data import QAExample, load_qa
 from .prompt import rag_messages
 from .retrieval import retrieve_documents, sample_nq
+from .runner import warm_template_head
 from .variants import Variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,12 +129,15 @@ def draw_nq(count: int, k: int, seed: int, *, outside_eval: bool = False) -> NQS
 
 
 def warm(engine: KVBoostRAG, nq: NQSample, k: int | None = None) -> WarmReport:
-    """Warm every retrieved document once, then run one untimed answer (first-call costs)."""
+    """Warm every retrieved document once, then run one untimed answer (first-call costs) and
+    one request that caches the prompt template's head, as a user's first request does."""
     report = engine.warm(nq.all_documents(k))
     print(f"warmed {report.documents} passages, {report.tokens_encoded} tokens, in {report.seconds:.1f} s")
     if engine.store.stats().evictions:
         print(f"warning: {engine.store.stats().evictions} chunks evicted; raise memory_budget_bytes", file=sys.stderr)
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
+    if len(nq):
+        warm_template_head(engine, nq.passages_for(0, k)[0])
     return report
 
 

@@ -140,6 +140,8 @@ def run_eval(
         raise ValueError("the first variant must be full prefill: every other is measured against it")
     report = EvalReport(settings=dict(settings or {}))
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
+    if examples:
+        warm_template_head(engine, passages_for(0)[0], template, chat)
     for i in progress(range(len(examples))):
         example = examples[i]
         documents = passages_for(i)
@@ -156,6 +158,16 @@ def run_eval(
         for name, result in results.items():
             report.records.setdefault(name, []).append(_record(i, example, result, reference))
     return report
+
+
+def warm_template_head(engine: KVBoostRAG, document: str, template: str = TEMPLATE, chat: bool = True) -> None:
+    """One request on the template, so its head (system prompt and opening, before the first
+    document) is cached as a user's first request leaves it; every prompt of the run opens with
+    it. Its question is a placeholder, too short a tail to be kept for later prompts."""
+    if not engine.reuse_supported:
+        return
+    engine.warm([document])
+    engine.generate(rag_prompt("?", [document], template, chat), max_new_tokens=1, mode="reuse", store_prompt=True)
 
 
 def fitting_documents(

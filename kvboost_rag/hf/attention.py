@@ -16,7 +16,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..ops.attention import grouped_attention
+from ..ops.attention import blockwise_grouped_attention, grouped_attention
 from ..ops.decode_retrieval import ACTIVE_RETRIEVAL
 from .blend import ACTIVE_BLEND, SelectiveCache
 
@@ -38,6 +38,18 @@ def few_queries_attention(
     if blend is not None and blend.narrows(module, query):
         return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
     heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
+    if (
+        blend is not None
+        and blend.selected_mask is not None
+        and attention_mask is blend.selected_mask
+        and query.device.type == "cpu"
+        and not dropout
+        and kwargs.get("softcap") is None
+        and not heads % key.shape[1]
+    ):  # CacheBlend's selected queries, by position, over K/V in position order
+        assert blend.selected is not None  # set with selected_mask
+        scale = scaling if scaling is not None else head_dim**-0.5
+        return blockwise_grouped_attention(query, key, value, attention_mask, scale, blend.selected), None
     retrieval = ACTIVE_RETRIEVAL.get()
     if retrieval is not None and not dropout and kwargs.get("softcap") is None and kwargs.get("sliding_window") is None:
         scale = scaling if scaling is not None else head_dim**-0.5

@@ -40,3 +40,36 @@ def grouped_attention(
     probs = scores.softmax(dim=-1).view(batch, kv_heads, group * queries, length)
     out = torch.matmul(probs, value).view(batch, heads, queries, head_dim)
     return out.transpose(1, 2).contiguous()
+
+
+def causal_blocks(query_positions: torch.Tensor, blocks: int) -> list[tuple[int, int, int]]:
+    """Queries sorted by position, cut into `blocks` runs of rows: (first row, end row, keys
+    they need), where keys lie in position order, so a run needs none after its last query."""
+    rows = query_positions.numel()
+    cuts = [rows * b // blocks for b in range(blocks + 1)]
+    last = query_positions.tolist()
+    return [(a, b, last[b - 1] + 1) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def blockwise_grouped_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    query_positions: torch.Tensor,
+    rows_per_block: int = 16,
+    max_blocks: int = 8,
+) -> torch.Tensor:
+    """`grouped_attention` of queries sorted by position over K/V in position order, each run of
+    queries over the keys up to its last position only: the keys it skips are the ones the
+    mask would drop, so the output is the same for about (blocks + 1) / (2 blocks) the work
+    (at 2.6k tokens, 0.26x a full prefill's TTFT instead of 0.33x; benchmarks/results/frontier)."""
+    blocks = max(1, min(max_blocks, query_positions.numel() // rows_per_block))
+    parts = [
+        grouped_attention(
+            query[:, :, a:b], key[:, :, :end], value[:, :, :end], mask[..., a:b, :end], scale
+        )
+        for a, b, end in causal_blocks(query_positions, blocks)
+    ]
+    return torch.cat(parts, dim=1)

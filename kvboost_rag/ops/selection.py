@@ -22,15 +22,20 @@ def blend_candidates(plan: ReusePlan, device: torch.device) -> tuple[torch.Tenso
 
 
 def select_for_recompute(
-    fresh: torch.Tensor, cached: torch.Tensor, candidates: torch.Tensor, forced: torch.Tensor, rho: float
+    fresh: torch.Tensor,
+    cached: torch.Tensor,
+    candidates: torch.Tensor,
+    forced: torch.Tensor,
+    rho: float,
+    limit: int | None = None,
 ) -> torch.Tensor:
-    """Sorted token indices to recompute: every non-candidate (uncached or exact tokens are
-    handled by the caller through `forced`), the forced ones, and the top `rho` of candidates
-    by the L2 deviation of fresh from cached K or V ([heads, N, dim])."""
+    """Sorted token indices to recompute: the forced ones, and the top `rho` of candidates (at
+    most `limit`) by the L2 deviation of fresh from cached K or V ([heads, N, dim])."""
     deviation = (fresh.float() - cached.float()).pow(2).sum(dim=(0, 2))
     candidate_ids = torch.nonzero(candidates).flatten()
     picked = torch.zeros_like(candidates)
     count = math.ceil(rho * candidate_ids.numel())
+    count = count if limit is None else min(count, limit)
     if count:
         top = torch.topk(deviation[candidate_ids], count).indices
         picked[candidate_ids[top]] = True

@@ -1,7 +1,9 @@
 """Which prompt tokens come from the store, and how: the reuse plan of one request.
 
 The prompt's own tokens are the truth. EXACT: leading prompt chunks whose chained prefix hash is
-stored (identical tokens and context, so identical KV). APPROXIMATE: any later run of at least
+stored (identical tokens and context, so identical KV), or the prompt's head (the tokens before
+its first reused document: a system prompt and a template's opening) as an earlier prompt left
+it. APPROXIMATE: any later run of at least
 `match_window` tokens identical to a stored chunk, found through window-key lookups and extended
 token by token, so a document is found at any offset and in any order even when its edges were
 tokenized differently inside the prompt. Everything else is computed.
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from ..store.entry import ChunkEntry
 
 SegmentKind = Literal["exact", "approximate", "computed"]
+# A shorter head is not worth an entry: its tokens cost less than the lookup saves.
+MIN_HEAD_TOKENS = 8
 
 
 class ChunkLookup(Protocol):
@@ -101,6 +105,7 @@ def plan_reuse(
         if mode == "reuse":
             start = cached[-1].end if cached else 0
             found = _approximate_segments(tokens, start, store, keys.document)
+            cached += _head(tokens, found, store, keys) if not cached else []
             cached += _in_place_exact(tokens, found, keys)
     cached = _leave_last_token(cached, n)
     if store is not None:  # what the window index found counts as used (EXACT lookups count themselves)
@@ -129,6 +134,26 @@ def _exact_segments(
             break
         segments.append(Segment(start, end, "exact", entry, 0))
     return segments, len(segments)
+
+
+def head_key(keys: KeySpace, head: np.ndarray) -> PrefixHash:
+    """The key of a prompt's head, the tokens before its first reused document: the prefix hash
+    it would have as a first chunk (same tokens from position 0, so the same KV)."""
+    return chained_prefix_hashes(keys.stored_kv, head, [0, len(head)])[0]
+
+
+def _head(tokens: np.ndarray, found: list[Segment], store: ChunkLookup, keys: KeySpace) -> list[Segment]:
+    """The head before the first found document as an EXACT segment, where an earlier prompt
+    stored it (`engine.prompt_cache.store_prompt_head`)."""
+    if not found or found[0].start < MIN_HEAD_TOKENS:
+        return []
+    head = tokens[: found[0].start]
+    entry = store.get_exact(head_key(keys, head))
+    if entry is None or not keys.accepts(entry.fingerprint) or entry.base_position != 0:
+        return []
+    if not np.array_equal(entry.tokens, head):
+        return []
+    return [Segment(0, len(head), "exact", entry, 0)]
 
 
 def _approximate_segments(
