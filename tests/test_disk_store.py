@@ -61,9 +61,7 @@ def test_fresh_process_reuses_with_zero_recompute(tiny_model_dir: Path, tmp_path
     documents = passages[:4]
     data = write_jsonl(tmp_path / "docs.jsonl", documents)
     cache = tmp_path / "store"
-    warmed = run(
-        [*CLI, "warm", str(data), "--store", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
-    )
+    warmed = run([*CLI, "warm", str(data), "--store", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"])
     assert warmed.returncode == 0, warmed.stderr
     assert "4 warmed" in warmed.stdout
     script = textwrap.dedent(f"""

@@ -62,7 +62,11 @@ def test_a_long_documents_repair_is_capped_per_run(fresh_engine: KVBoostRAG, pas
         prompt, repair=RepairConfig(rho=0.3, max_tokens_per_run=8), exactness=OFF, max_new_tokens=1, store_prompt=False
     )
     uncapped = fresh_engine.generate(
-        prompt, repair=RepairConfig(rho=0.3, max_tokens_per_run=None), exactness=OFF, max_new_tokens=1, store_prompt=False
+        prompt,
+        repair=RepairConfig(rho=0.3, max_tokens_per_run=None),
+        exactness=OFF,
+        max_new_tokens=1,
+        store_prompt=False,
     )
     assert capped.repair_tokens == 8 * runs
     assert uncapped.repair_tokens == math.ceil(0.3 * plan.tokens("approximate"))

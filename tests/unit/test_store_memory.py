@@ -294,7 +294,6 @@ def test_pin_document_reaches_the_tier(fakes, tmp_path) -> None:
     disk.close()
 
 
-
 @pytest.mark.xfail(
     strict=True,
     raises=KeyError,
