@@ -54,7 +54,7 @@ def _redis(url: str) -> RedisStore:
     from ..store.redis import RedisStore
 
     tier = RedisStore(url)
-    tier.guard.call(tier._claim)  # NOTE: a maintenance command fails loudly where a request would serve without it
+    tier.connect()
     return tier
 
 

@@ -98,6 +98,11 @@ class RedisStore:
                 self._remove = self._connection.register_script(REMOVE_CHUNK)
             return self._connection
 
+    def connect(self) -> None:
+        """Reach the server now and read its manifest, raising what the connection raises: for
+        maintenance commands, which fail loudly where a request would serve without the tier."""
+        self.guard.call(self._claim)
+
     # how it was written ------------------------------------------------------------------
     def _claim(self) -> None:
         """Read the namespace's manifest, recording ours where it is new (HSETNX: the first
