@@ -27,6 +27,11 @@ QUANTIZATIONS: tuple[Quantization | None, ...] = (None, "int8", "int4")
 MEMORY_ONLY = "memory"
 
 
+def _check_optional_count(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
+
+
 @dataclass(slots=True, frozen=True)
 class RepairConfig:
     """What the prefill recomputes of the moved (reused) KV.
@@ -60,12 +65,7 @@ class RepairConfig:
             raise ValueError(f"rho must be in [0, 1], got {self.rho!r}")
         if self.check_layer < 0:
             raise ValueError("check_layer must be >= 0")
-        if self.max_tokens_per_run is not None and (
-            isinstance(self.max_tokens_per_run, bool)
-            or not isinstance(self.max_tokens_per_run, int)
-            or self.max_tokens_per_run < 0
-        ):
-            raise ValueError(f"max_tokens_per_run must be None or an integer >= 0, got {self.max_tokens_per_run!r}")
+        _check_optional_count("max_tokens_per_run", self.max_tokens_per_run)
         if self.deviation not in ("value", "key"):
             raise ValueError(f"deviation must be 'value' or 'key', got {self.deviation!r}")
         if min(self.boundary_tokens, self.tail_tokens, self.blend_boundary_tokens) < 0:
@@ -105,10 +105,7 @@ class ExactnessConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.verify_margin <= 1.0:
             raise ValueError(f"verify_margin must be in [0, 1], got {self.verify_margin!r}")
-        if self.verify_tokens is not None and (
-            not isinstance(self.verify_tokens, int) or isinstance(self.verify_tokens, bool) or self.verify_tokens < 0
-        ):
-            raise ValueError(f"verify_tokens must be None or an integer >= 0, got {self.verify_tokens!r}")
+        _check_optional_count("verify_tokens", self.verify_tokens)
 
     @classmethod
     def off(cls) -> ExactnessConfig:

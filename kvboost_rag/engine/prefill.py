@@ -136,9 +136,8 @@ class PrefillRunner:
         if repair.blend_boundary_tokens:
             forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
         use_values = repair.deviation == "value"
-        runs = len(reused_runs(plan))
         capped = repair.max_tokens_per_run is not None and repair.rho < 1.0
-        limit = repair.max_tokens_per_run * runs if capped else None
+        limit = repair.max_tokens_per_run * len(reused_runs(plan)) if capped else None
 
         def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
             fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..hf.cache import gather_slots
-from ..plan.keys import KeySpace, chained_prefix_hashes, content_hash
+from ..plan.keys import KeySpace, PrefixHash, chained_prefix_hashes, content_hash
 from ..plan.matching import MIN_HEAD_TOKENS, head_key
 from ..store.entry import ChunkEntry
 from ..store.memory import ChunkStore
@@ -34,19 +34,7 @@ def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, requ
             break  # NOTE: a partial last chunk would never be hit: the next prompt's differs
         if i < plan.exact_chunks:
             continue
-        chunk_keys, chunk_values = gather_slots(request.cache, slot_of_position[start:end])
-        store.put(
-            ChunkEntry(
-                tokens=tokens[start:end].copy(),
-                keys=chunk_keys,
-                values=chunk_values,
-                base_position=start,
-                fingerprint=keys.model,
-                content_hash=content_hash(keys.model, tokens[start:end]),
-                prefix_hash=prefixes[i],
-                approximate_ok=False,
-            )
-        )
+        store.put(_exact_entry(keys, request, slot_of_position, start, end, prefixes[i]))
 
 
 def store_prompt_head(store: ChunkStore, keys: KeySpace, request: Request) -> None:
@@ -62,20 +50,26 @@ def store_prompt_head(store: ChunkStore, keys: KeySpace, request: Request) -> No
         return
     if len(first) < MIN_HEAD_TOKENS:
         return
-    head = request.tokens[: first.end].copy()
-    head_keys, head_values = gather_slots(request.cache, torch.argsort(request.slot_positions)[: first.end])
-    store.put(
-        ChunkEntry(
-            tokens=head,
-            keys=head_keys,
-            values=head_values,
-            base_position=0,
-            fingerprint=keys.model,
-            content_hash=content_hash(keys.model, head),
-            prefix_hash=head_key(keys, head),
-            approximate_ok=False,
-        ),
-        persist=False,
+    slot_of_position = torch.argsort(request.slot_positions)
+    store.put(_exact_entry(keys, request, slot_of_position, 0, first.end, head_key(keys, request.tokens[: first.end])))
+
+
+def _exact_entry(
+    keys: KeySpace, request: Request, slot_of_position: torch.Tensor, start: int, end: int, prefix: PrefixHash
+) -> ChunkEntry:
+    """Prompt tokens [start, end) with their KV as this request computed it exactly: an EXACT-only
+    entry (kept in memory, never indexed for approximate matches) under `prefix`."""
+    tokens = request.tokens[start:end].copy()
+    chunk_keys, chunk_values = gather_slots(request.cache, slot_of_position[start:end])
+    return ChunkEntry(
+        tokens=tokens,
+        keys=chunk_keys,
+        values=chunk_values,
+        base_position=start,
+        fingerprint=keys.model,
+        content_hash=content_hash(keys.model, tokens),
+        prefix_hash=prefix,
+        approximate_ok=False,
     )
 
 

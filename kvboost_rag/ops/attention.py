@@ -46,9 +46,9 @@ def causal_blocks(query_positions: torch.Tensor, blocks: int) -> list[tuple[int,
     """Queries sorted by position, cut into `blocks` runs of rows: (first row, end row, keys
     they need), where keys lie in position order, so a run needs none after its last query."""
     rows = query_positions.numel()
-    cuts = [rows * b // blocks for b in range(blocks + 1)]
-    last = query_positions.tolist()
-    return [(a, b, last[b - 1] + 1) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    cuts = sorted({rows * b // blocks for b in range(blocks + 1)})
+    ends = query_positions[torch.tensor(cuts[1:], device=query_positions.device) - 1].tolist() if rows else []
+    return [(a, b, end + 1) for a, b, end in zip(cuts[:-1], cuts[1:], ends)]
 
 
 def blockwise_grouped_attention(

@@ -26,6 +26,7 @@ from .keys import (
     WindowKey,
     chained_prefix_hashes,
     in_place_key,
+    prefix_hash,
     span_hashes,
     window_keys,
 )
@@ -123,23 +124,28 @@ def _exact_segments(
     hashes = chained_prefix_hashes(keys.stored_kv, tokens, boundaries)
     for (start, end), key in zip(zip(boundaries[:-1], boundaries[1:]), hashes):
         entry = store.get_exact(key)
-        # NOTE: the fingerprint and token comparisons mean a hash collision can never serve a wrong
-        # chunk, nor one made another way (another quantization, another model).
-        if (
-            entry is None
-            or not keys.accepts(entry.fingerprint)
-            or entry.base_position != start
-            or not np.array_equal(entry.tokens, tokens[start:end])
-        ):
+        if not _serves_exact(entry, keys, tokens, start, end):
             break
         segments.append(Segment(start, end, "exact", entry, 0))
     return segments, len(segments)
 
 
+def _serves_exact(entry: ChunkEntry | None, keys: KeySpace, tokens: np.ndarray, start: int, end: int) -> bool:
+    """Whether an EXACT lookup's entry holds prompt tokens [start, end) as computed there."""
+    # NOTE: the fingerprint and token comparisons mean a hash collision can never serve a wrong
+    # chunk, nor one made another way (another quantization, another model).
+    return (
+        entry is not None
+        and keys.accepts(entry.fingerprint)
+        and entry.base_position == start
+        and np.array_equal(entry.tokens, tokens[start:end])
+    )
+
+
 def head_key(keys: KeySpace, head: np.ndarray) -> PrefixHash:
     """The key of a prompt's head, the tokens before its first reused document: the prefix hash
     it would have as a first chunk (same tokens from position 0, so the same KV)."""
-    return chained_prefix_hashes(keys.stored_kv, head, [0, len(head)])[0]
+    return prefix_hash(keys.stored_kv, None, head)
 
 
 def _head(tokens: np.ndarray, found: list[Segment], store: ChunkLookup, keys: KeySpace) -> list[Segment]:
@@ -147,13 +153,9 @@ def _head(tokens: np.ndarray, found: list[Segment], store: ChunkLookup, keys: Ke
     stored it (`engine.prompt_cache.store_prompt_head`)."""
     if not found or found[0].start < MIN_HEAD_TOKENS:
         return []
-    head = tokens[: found[0].start]
-    entry = store.get_exact(head_key(keys, head))
-    if entry is None or not keys.accepts(entry.fingerprint) or entry.base_position != 0:
-        return []
-    if not np.array_equal(entry.tokens, head):
-        return []
-    return [Segment(0, len(head), "exact", entry, 0)]
+    end = found[0].start
+    entry = store.get_exact(head_key(keys, tokens[:end]))
+    return [Segment(0, end, "exact", entry, 0)] if _serves_exact(entry, keys, tokens, 0, end) else []
 
 
 def _approximate_segments(
