@@ -9,7 +9,13 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvboost_rag.hf.attention import few_queries_attention
-from kvboost_rag.ops.attention import blockwise_grouped_attention, causal_blocks, grouped_attention, position_mask
+from kvboost_rag.ops.attention import (
+    blockwise_grouped_attention,
+    causal_blocks,
+    grouped_attention,
+    position_mask,
+    single_query_attention,
+)
 
 
 @pytest.mark.parametrize("boolean_mask", [False, True])
@@ -63,6 +69,37 @@ def test_many_queries_or_no_mask_go_to_sdpa() -> None:
     assert torch.equal(ours, reference)
 
 
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4)])
+def test_a_decode_step_matches_sdpa(heads: int, kv_heads: int) -> None:
+    torch.manual_seed(0)
+    query = torch.randn(1, heads, 1, 64) * 2
+    key, value = torch.randn(1, kv_heads, 300, 64) * 2, torch.randn(1, kv_heads, 300, 64)
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    reference, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.125)
+    ours = single_query_attention(query, key, value, 0.125)
+    assert ours.shape == reference.shape == (1, 1, heads, 64)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bfloat16_decode_step_takes_the_fast_path_at_sdpa_precision() -> None:
+    """One bf16 query with no mask on a CPU: fp32 scores, so no further from fp32 attention than
+    sdpa's own bf16 kernel; fp32 decode steps stay on sdpa."""
+    torch.manual_seed(0)
+    query = torch.randn(1, 9, 1, 64) * 3
+    key, value = torch.randn(1, 3, 900, 64) * 2, torch.randn(1, 3, 900, 64)
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    exact, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.125)
+    low = [t.bfloat16() for t in (query, key, value)]
+    ours, _ = few_queries_attention(module, *low, None, scaling=0.125)
+    assert torch.equal(ours, single_query_attention(*low, 0.125))
+    sdpa, _ = sdpa_attention_forward(module, *low, None, scaling=0.125)
+    ours_error, sdpa_error = (ours.float() - exact).abs(), (sdpa.float() - exact).abs()
+    assert ours_error.max() <= 1.5 * sdpa_error.max()
+    assert ours_error.mean() <= 1.5 * sdpa_error.mean()
+    in_fp32, _ = few_queries_attention(module, query, key, value, None, scaling=0.125)
+    assert torch.equal(in_fp32, exact)
+
+
 def test_the_engine_uses_it(engine) -> None:
     assert engine.model.config._attn_implementation == "kvboost_sdpa"
 
@@ -79,5 +116,5 @@ def test_blockwise_attention_skips_only_the_keys_the_mask_drops() -> None:
     blocks = causal_blocks(query_positions, 4)
     assert [(a, b) for a, b, _ in blocks] == [(0, 17), (17, 35), (35, 52), (52, 70)]
     assert [end for _, _, end in blocks] == [int(query_positions[b - 1]) + 1 for _, b, _ in blocks]
-    ours = blockwise_grouped_attention(query, key, value, mask, 0.25, query_positions)
+    ours = blockwise_grouped_attention(query, key, value, mask, 0.25, query_positions, rows_per_block=16)
     torch.testing.assert_close(ours, grouped_attention(query, key, value, mask, 0.25), atol=1e-6, rtol=1e-5)

@@ -1,10 +1,11 @@
-"""The attention implementation reuse passes run under: sdpa, except for few queries on a CPU.
+"""The attention implementation the engine runs under: sdpa, except for few queries on a CPU.
 
 Every reuse pass is a few queries over a long cache with an explicit mask: a prompt's uncached
 tokens, boundary runs, CacheBlend's selected tokens. There the CPU flash kernel with a mask,
 after copying K/V for every query head, took ~3x the time of `ops.attention.grouped_attention`
 (benchmarks/bench_attention.py). In bf16 that is ~2x sdpa's error against fp32 attention and
-no measurable change in first-token KL.
+no measurable change in first-token KL. A decode step in bf16 on a CPU (one query, no mask) is
+the same shape, and sdpa's kernel took 3-6x as long there too (`ops.attention.single_query_attention`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..ops.attention import blockwise_grouped_attention, grouped_attention
+from ..ops.attention import blockwise_grouped_attention, grouped_attention, single_query_attention
 from ..ops.decode_retrieval import ACTIVE_RETRIEVAL
 from .blend import ACTIVE_BLEND, SelectiveCache
 
@@ -57,6 +58,16 @@ def few_queries_attention(
         if selected is not None:
             return selected, None
     kv_heads, length = key.shape[1], key.shape[2]
+    if (
+        attention_mask is None
+        and queries == 1
+        and query.device.type == "cpu"
+        and query.dtype != torch.float32  # there sdpa's kernel is as fast
+        and not dropout
+        and not heads % kv_heads
+        and kwargs.get("softcap") is None
+    ):  # a decode step over the whole cache
+        return single_query_attention(query, key, value, scaling if scaling is not None else head_dim**-0.5), None
     if (
         attention_mask is None
         or query.device.type != "cpu"
