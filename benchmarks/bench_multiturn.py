@@ -6,7 +6,8 @@ retrieved passages sit in the system message at the head, so the whole history m
 turn and prefix caching loses it). The conversation goes on with the default's answers; at
 every turn the same prompt is also answered by full prefill and by prefix caching (an engine of
 its own that keeps only its prompts' exact chunks), so the figures are paired. Per turn: TTFT,
-whole-answer time, reuse share, and the default's and prefix's agreement with full prefill.
+whole-answer time, reuse share (of the whole prompt, and of the history: the tokens before the
+new message, which is all a cache can hold), and agreement with full prefill.
 
 JSON: benchmarks/results/bench_multiturn.json (or --out), plot beside it.
 """
@@ -33,6 +34,11 @@ def conversation_prompt(shape: str, history: list[dict[str, str]], question: str
     return [{"role": "system", "content": system}, *history, {"role": "user", "content": question}]
 
 
+def history_text(engine: KVBoostRAG, prompt: list[dict[str, str]]) -> str:
+    """The prompt's text before its new user message."""
+    return engine.tokenizer.apply_chat_template(prompt[:-1], tokenize=False)
+
+
 def main() -> None:
     p = harness.parser(__doc__, questions=2, k=3, seed=0, out="bench_multiturn.json", max_new_tokens=24)
     p.add_argument("--turns", type=int, default=8)
@@ -56,6 +62,7 @@ def main() -> None:
                     "prefix": prefix_engine.generate(prompt, mode="prefix", max_new_tokens=args.max_new_tokens),
                 }
                 full = answers["full"]
+                history_tokens = len(engine.tokenizer(history_text(engine, prompt), add_special_tokens=False).input_ids)
                 for name, result in answers.items():
                     records.append(
                         {
@@ -67,6 +74,8 @@ def main() -> None:
                             "ttft_s": result.ttft_s,
                             "total_s": result.total_s,
                             "reuse_share": result.reuse_share,
+                            # the share of what came before the new message: all a cache can hold
+                            "history_reuse_share": min(1.0, result.reused_tokens / history_tokens),
                             "first_token_agrees": result.token_ids[:1] == full.token_ids[:1],
                             "answer_agrees": result.text.strip() == full.text.strip(),
                         }
@@ -99,6 +108,7 @@ def summarize(records: list[dict[str, Any]], turns: int) -> dict[str, Any]:
                         "ttft_s": statistics.median(r["ttft_s"] for r in mine),
                         "total_s": statistics.median(r["total_s"] for r in mine),
                         "reuse_share": statistics.fmean(r["reuse_share"] for r in mine),
+                        "history_reuse_share": statistics.fmean(r["history_reuse_share"] for r in mine),
                         "first_token_agreement": statistics.fmean(r["first_token_agrees"] for r in mine),
                         "answer_agreement": statistics.fmean(r["answer_agrees"] for r in mine),
                     }

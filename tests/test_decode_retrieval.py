@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG, RetrievalConfig
+from kvboost_rag.ops.attention import single_query_attention
 from kvboost_rag.ops.page_selection import Selection, attend_selected, page_bounds, page_summaries, select_pages
 
 SMALL = dict(enabled=True, page_size=8, budget_tokens=160, sink_tokens=16, recent_tokens=32, min_prompt_tokens=1)
@@ -47,6 +48,17 @@ def test_attending_to_every_token_is_dense_attention() -> None:
         query.view(1, 6, 1, 8), keys.repeat_interleave(3, 0).unsqueeze(0), values.repeat_interleave(3, 0).unsqueeze(0)
     )
     assert torch.allclose(selected, dense.view(6, 8), atol=1e-6)
+
+
+def test_attending_to_every_token_in_bfloat16_is_the_dense_decode_step() -> None:
+    """In bf16 on a CPU the selection is attended as a dense decode step is, so a budget that
+    selects everything reads the same attention as no retrieval, to the bit."""
+    torch.manual_seed(3)
+    keys, values, query = (torch.randn(*shape).bfloat16() for shape in ((2, 40, 8), (2, 40, 8), (6, 8)))
+    every = Selection(8, torch.arange(1, 3).expand(2, -1), 24, 40, 8)
+    selected = attend_selected(query, keys, values, every, 8**-0.5)
+    dense = single_query_attention(query.view(1, 6, 1, 8), keys.unsqueeze(0), values.unsqueeze(0), 8**-0.5)
+    assert torch.equal(selected, dense.reshape(6, 8))
 
 
 def test_bad_settings_are_refused() -> None:

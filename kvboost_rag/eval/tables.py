@@ -17,8 +17,11 @@ from .report import COLUMNS
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
-# The eval results the top-level README's headline table reads: the engine's defaults at k=5, k=10.
+# The eval results the top-level README's headline table reads: the engine's defaults at k=5, k=10
+# on 500 questions, then the frontier runs (more variants, fewer questions) up to long documents.
 HEADLINE_FILES = (
+    "frontier/eval_k5_n500.json",
+    "frontier/eval_k10_n500.json",
     "frontier/eval_k5_n30.json",
     "frontier/eval_k10_n20.json",
     "frontier/eval_k20_n8.json",
@@ -240,6 +243,7 @@ def multiturn(data: dict[str, Any]) -> str:
             ("answer default x full", lambda r: r["default"]["total_s"] / r["full"]["total_s"], "{:.2f}"),
             ("reused prefix", lambda r: r["prefix"]["reuse_share"], "{:.0%}"),
             ("reused default", lambda r: r["default"]["reuse_share"], "{:.0%}"),
+            ("history reused default", lambda r: r["default"]["history_reuse_share"], "{:.0%}"),
             ("1st token = full's", lambda r: r["default"]["first_token_agreement"], "{:.0%}"),
             ("answer = full's", lambda r: r["default"]["answer_agreement"], "{:.0%}"),
         ]
@@ -425,14 +429,24 @@ def _prompts(data: dict[str, Any]) -> str:
     return f"{documents}, ~{full.get('prompt_tokens_median', 0):,.0f} tok, n={full['questions']:.0f}"
 
 
+def _machine(data: dict[str, Any]) -> str:
+    """The dtype and CPU an eval ran on, as its JSON records them."""
+    dtype = str(data["settings"].get("dtype", "")).removeprefix("torch.")
+    run = data.get("run")
+    if not run:
+        return dtype
+    return f"{dtype} on a {run['cpu_count']}-core {'AVX-512' if run['avx512'] else 'AVX2'} CPU"
+
+
 def render_headline(results: Path) -> str:
     """One table for the top-level README: full prefill, CacheBlend alone and the default, per k."""
-    rows = []
+    rows, machines = [], set()
     for name in HEADLINE_FILES:
         path = results / name
         if not path.exists():
             continue
         data = json.loads(path.read_text())
+        machines.add(_machine(data))
         for variant in HEADLINE_VARIANTS:
             stats = data["summary"].get(variant)
             if stats is not None:
@@ -447,11 +461,11 @@ def render_headline(results: Path) -> str:
         ("answer time x full", get("total_ratio_vs_full"), "{:.2f}"),
         ("recomputed", get("recomputed_share"), "{:.0%}"),
     ]
-    source = ", ".join(f"[`{n}`](benchmarks/results/{n})" for n in HEADLINE_FILES)
+    source = ", ".join(f"[`{n}`](benchmarks/results/{n})" for n in HEADLINE_FILES if (results / n).exists())
     note = (
         "NQ-Open, FAISS top-k, passages shuffled and warmed, greedy 16-token answers, every variant paired "
-        f"against full prefill on the same questions in one run, fp32 on a 2-core AVX2 CPU ({source}). "
+        f"against full prefill on the same questions in one run, {'; '.join(sorted(machines))} ({source}). "
         "Recomputed: tokens computed again though a cache held them (repair, verification, refresh), per "
-        "prompt token. Samples are small (n in the first column): one question moves EM by 100/n points."
+        "prompt token. One question moves EM by 100/n points (n in the first column)."
     )
     return note + "\n\n" + columns_table(columns, rows)

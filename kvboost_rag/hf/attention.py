@@ -17,7 +17,12 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..ops.attention import blockwise_grouped_attention, grouped_attention, single_query_attention
+from ..ops.attention import (
+    blockwise_grouped_attention,
+    grouped_attention,
+    single_query_attention,
+    single_query_on_matmuls,
+)
 from ..ops.decode_retrieval import ACTIVE_RETRIEVAL
 from .blend import ACTIVE_BLEND, SelectiveCache
 
@@ -61,8 +66,7 @@ def few_queries_attention(
     if (
         attention_mask is None
         and queries == 1
-        and query.device.type == "cpu"
-        and query.dtype != torch.float32  # there sdpa's kernel is as fast
+        and single_query_on_matmuls(query)
         and not dropout
         and not heads % kv_heads
         and kwargs.get("softcap") is None

@@ -42,6 +42,12 @@ def grouped_attention(
     return out.transpose(1, 2).contiguous()
 
 
+def single_query_on_matmuls(query: torch.Tensor) -> bool:
+    """Whether a single query runs faster through `single_query_attention` than through sdpa:
+    on a CPU in reduced precision (in fp32, sdpa's kernel is as fast)."""
+    return query.device.type == "cpu" and query.dtype != torch.float32
+
+
 def single_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
     """One new token per sequence, queries [b, heads, 1, d], over every cached K/V [b, kv_heads,
     n, d] (no mask: a decode step sees the whole cache): two matmuls per key/value head group.

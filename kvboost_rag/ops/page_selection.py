@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import single_query_attention, single_query_on_matmuls
+
 
 def page_summaries(keys: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Min and max keys of each whole page: keys [kv_heads, n, d] -> two [kv_heads, n // page, d]."""
@@ -98,7 +100,8 @@ def attend_selected(
         head, tail = kv[:, : selection.sink_end], kv[:, selection.recent_start : selection.length]
         return torch.cat([head, middle, tail], dim=1).unsqueeze(0)
 
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.view(1, -1, 1, dim), gathered(keys), gathered(values), scale=scale, enable_gqa=True
-    )
+    query, keys, values = query.view(1, -1, 1, dim), gathered(keys), gathered(values)
+    if single_query_on_matmuls(query):
+        return single_query_attention(query, keys, values, scale).reshape(-1, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale, enable_gqa=True)
     return out.view(-1, dim)
