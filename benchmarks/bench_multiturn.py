@@ -20,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.eval import harness
 from kvboost_rag.eval.prompt import SYSTEM
@@ -34,9 +36,16 @@ def conversation_prompt(shape: str, history: list[dict[str, str]], question: str
     return [{"role": "system", "content": system}, *history, {"role": "user", "content": question}]
 
 
-def history_text(engine: KVBoostRAG, prompt: list[dict[str, str]]) -> str:
-    """The prompt's text before its new user message."""
-    return engine.tokenizer.apply_chat_template(prompt[:-1], tokenize=False)
+def history_tokens(engine: KVBoostRAG, prompt: list[dict[str, str]]) -> int:
+    """How many of the prompt's tokens come before its new user message: the tokens the prompt
+    shares with the conversation rendered without that message (a template may render the
+    earlier turns otherwise once a message follows, so only the common part counts)."""
+    whole = engine.tokenize_prompt(prompt)
+    text = engine.tokenizer.apply_chat_template(prompt[:-1], tokenize=False)
+    before = np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int64)
+    n = min(len(whole), len(before))
+    differs = np.flatnonzero(whole[:n] != before[:n])
+    return int(differs[0]) if differs.size else n
 
 
 def main() -> None:
@@ -62,7 +71,7 @@ def main() -> None:
                     "prefix": prefix_engine.generate(prompt, mode="prefix", max_new_tokens=args.max_new_tokens),
                 }
                 full = answers["full"]
-                history_tokens = len(engine.tokenizer(history_text(engine, prompt), add_special_tokens=False).input_ids)
+                history = history_tokens(engine, prompt)
                 for name, result in answers.items():
                     records.append(
                         {
@@ -75,7 +84,7 @@ def main() -> None:
                             "total_s": result.total_s,
                             "reuse_share": result.reuse_share,
                             # the share of what came before the new message: all a cache can hold
-                            "history_reuse_share": min(1.0, result.reused_tokens / history_tokens),
+                            "history_reuse_share": result.reused_tokens / history,
                             "first_token_agrees": result.token_ids[:1] == full.token_ids[:1],
                             "answer_agrees": result.text.strip() == full.text.strip(),
                         }

@@ -100,6 +100,20 @@ def test_a_bfloat16_decode_step_takes_the_fast_path_at_sdpa_precision() -> None:
     assert torch.equal(in_fp32, exact)
 
 
+def test_a_single_query_with_a_mask_keeps_its_mask() -> None:
+    """One bf16 query over interleaved slots (a one-token reuse prefill) carries a mask that drops
+    keys: it must not take the decode step's path, which reads every key."""
+    torch.manual_seed(1)
+    query = torch.randn(1, 9, 1, 64).bfloat16()
+    key, value = torch.randn(1, 3, 200, 64).bfloat16(), torch.randn(1, 3, 200, 64).bfloat16()
+    mask = position_mask(torch.tensor([100]), torch.arange(200), torch.bfloat16)  # keys past 100 dropped
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    ours, _ = few_queries_attention(module, query, key, value, mask, scaling=0.125)
+    masked, _ = sdpa_attention_forward(module, query, key[:, :, :101], value[:, :, :101], None, scaling=0.125)
+    torch.testing.assert_close(ours.float(), masked.float(), atol=2e-2, rtol=0)
+    assert not torch.allclose(ours.float(), single_query_attention(query, key, value, 0.125).float(), atol=2e-2)
+
+
 def test_the_engine_uses_it(engine) -> None:
     assert engine.model.config._attn_implementation == "kvboost_sdpa"
 

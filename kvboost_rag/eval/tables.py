@@ -24,7 +24,7 @@ HEADLINE_FILES = (
     "frontier/eval_k10_n500.json",
     "frontier/eval_k5_n30.json",
     "frontier/eval_k10_n20.json",
-    "frontier/eval_k20_n8.json",
+    "frontier/eval_k20_n24.json",
     "frontier/eval_k10_n5_docs4.json",
 )
 HEADLINE_VARIANTS = ("full", "cacheblend", "default", "exact")
@@ -426,7 +426,8 @@ def _prompts(data: dict[str, Any]) -> str:
     settings, full = data["settings"], data["summary"]["full"]
     joined = settings.get("passages_per_document", 1)
     documents = f"k={settings['k']}" + (f" x {joined} passages" if joined > 1 else "")
-    return f"{documents}, ~{full.get('prompt_tokens_median', 0):,.0f} tok, n={full['questions']:.0f}"
+    dtype = {"torch.bfloat16": ", bf16", "torch.float32": ", fp32"}.get(str(settings.get("dtype")), "")
+    return f"{documents}, ~{full.get('prompt_tokens_median', 0):,.0f} tok, n={full['questions']:.0f}{dtype}"
 
 
 def _machine(data: dict[str, Any]) -> str:

@@ -69,7 +69,7 @@ def few_queries_attention(
         and single_query_on_matmuls(query)
         and not dropout
         and not heads % kv_heads
-        and kwargs.get("softcap") is None
+        and all(kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
     ):  # a decode step over the whole cache
         return single_query_attention(query, key, value, scaling if scaling is not None else head_dim**-0.5), None
     if (

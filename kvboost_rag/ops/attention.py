@@ -44,8 +44,8 @@ def grouped_attention(
 
 def single_query_on_matmuls(query: torch.Tensor) -> bool:
     """Whether a single query runs faster through `single_query_attention` than through sdpa:
-    on a CPU in reduced precision (in fp32, sdpa's kernel is as fast)."""
-    return query.device.type == "cpu" and query.dtype != torch.float32
+    on a CPU in 16-bit floats (in fp32, sdpa's kernel is as fast; fp64 would lose precision)."""
+    return query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
 
 
 def single_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
@@ -54,14 +54,15 @@ def single_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
 
     Scores and softmax in fp32, as sdpa's kernels keep them, so a reduced-precision decode step
     reads the same attention; on a CPU, sdpa's flash kernel takes one bf16 query 3-6x longer
-    (0.40 against 0.12 ms a layer at 700 keys, 4.9 against 0.87 ms at 8,000: bench_decode).
+    (0.40 against 0.12 ms a layer at 700 keys, 4.9 against 0.87 ms at 8,000, on 2 AVX-512 cores;
+    docs/research-log.md, "Issue 15, third pass").
     Returns [b, 1, heads, d].
     """
     batch, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     grouped = (query.float() * scale).reshape(batch, kv_heads, heads // kv_heads, head_dim)
     probs = torch.matmul(grouped, key.transpose(2, 3).float()).softmax(dim=-1).to(value.dtype)
-    return torch.matmul(probs, value).reshape(batch, 1, heads, head_dim)
+    return torch.matmul(probs, value).reshape(batch, 1, heads, value.shape[-1])
 
 
 def causal_blocks(query_positions: torch.Tensor, blocks: int) -> list[tuple[int, int, int]]:
