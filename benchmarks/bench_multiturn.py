@@ -71,7 +71,7 @@ def main() -> None:
                     "prefix": prefix_engine.generate(prompt, mode="prefix", max_new_tokens=args.max_new_tokens),
                 }
                 full = answers["full"]
-                history = history_tokens(engine, prompt)
+                before_new = history_tokens(engine, prompt)
                 for name, result in answers.items():
                     records.append(
                         {
@@ -84,7 +84,7 @@ def main() -> None:
                             "total_s": result.total_s,
                             "reuse_share": result.reuse_share,
                             # the share of what came before the new message: all a cache can hold
-                            "history_reuse_share": result.reused_tokens / history,
+                            "history_reuse_share": result.reused_tokens / before_new,
                             "first_token_agrees": result.token_ids[:1] == full.token_ids[:1],
                             "answer_agrees": result.text.strip() == full.text.strip(),
                         }
