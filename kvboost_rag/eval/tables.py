@@ -426,13 +426,21 @@ def _prompts(data: dict[str, Any]) -> str:
     settings, full = data["settings"], data["summary"]["full"]
     joined = settings.get("passages_per_document", 1)
     documents = f"k={settings['k']}" + (f" x {joined} passages" if joined > 1 else "")
-    dtype = {"torch.bfloat16": ", bf16", "torch.float32": ", fp32"}.get(str(settings.get("dtype")), "")
-    return f"{documents}, ~{full.get('prompt_tokens_median', 0):,.0f} tok, n={full['questions']:.0f}{dtype}"
+    dtype = _dtype(data)
+    return f"{documents}, ~{full.get('prompt_tokens_median', 0):,.0f} tok, n={full['questions']:.0f}" + (
+        f", {dtype}" if dtype else ""
+    )
+
+
+def _dtype(data: dict[str, Any]) -> str:
+    """The dtype an eval ran in, as its settings record it ("bf16", "fp32"; "" if not recorded)."""
+    dtype = str(data["settings"].get("dtype", "")).removeprefix("torch.")
+    return {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(dtype, dtype)
 
 
 def _machine(data: dict[str, Any]) -> str:
     """The dtype and CPU an eval ran on, as its JSON records them."""
-    dtype = str(data["settings"].get("dtype", "")).removeprefix("torch.")
+    dtype = _dtype(data)
     run = data.get("run")
     if not run:
         return dtype

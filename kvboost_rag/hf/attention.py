@@ -44,6 +44,7 @@ def few_queries_attention(
     if blend is not None and blend.narrows(module, query):
         return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
     heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
+    scale = scaling if scaling is not None else head_dim**-0.5
     if (
         blend is not None
         and blend.selected_mask is not None
@@ -54,11 +55,9 @@ def few_queries_attention(
         and not heads % key.shape[1]
     ):  # CacheBlend's selected queries, by position, over K/V in position order
         assert blend.selected is not None  # set with selected_mask
-        scale = scaling if scaling is not None else head_dim**-0.5
         return blockwise_grouped_attention(query, key, value, attention_mask, scale, blend.selected), None
     retrieval = ACTIVE_RETRIEVAL.get()
     if retrieval is not None and not dropout and kwargs.get("softcap") is None and kwargs.get("sliding_window") is None:
-        scale = scaling if scaling is not None else head_dim**-0.5
         selected = retrieval.attend(module.layer_idx, query, key, value, scale)
         if selected is not None:
             return selected, None
@@ -71,7 +70,7 @@ def few_queries_attention(
         and not heads % kv_heads
         and all(kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
     ):  # a decode step over the whole cache
-        return single_query_attention(query, key, value, scaling if scaling is not None else head_dim**-0.5), None
+        return single_query_attention(query, key, value, scale), None
     if (
         attention_mask is None
         or query.device.type != "cpu"
@@ -81,7 +80,6 @@ def few_queries_attention(
         or kwargs.get("softcap") is not None
     ):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    scale = scaling if scaling is not None else head_dim**-0.5
     return grouped_attention(query, key, value, attention_mask, scale), None
 
 
