@@ -16,6 +16,7 @@ from ..config import MODES, EngineConfig, ExactnessConfig, Mode, RepairConfig, R
 from ..hf.attention import use_reuse_attention
 from ..hf.cache import gather_slots
 from ..hf.fingerprint import model_fingerprint
+from ..hf.packed_linear import pack_linear_layers
 from ..hf.loader import load_model, resolve_dtype
 from ..hf.model import context_window, eos_ids, rotary_module
 from ..ops.decode_retrieval import DecodeRetrieval
@@ -80,6 +81,7 @@ class KVBoostRAG:
         self._model_lock = threading.Lock()
         if reuse_supported:
             use_reuse_attention(model)  # reuse passes are few queries over a long cache
+        pack_linear_layers(model)  # after the fingerprint, which hashes the weights as loaded
         self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._model_lock)
         self._decoder = Decoder(model, tokenizer, self._model_lock, eos_ids(model, tokenizer))
         self._token_texts: dict[int, str] = {}

@@ -13,6 +13,7 @@ from .support import rope_parameters
 
 # Where the weights came from and how they were stored on disk do not change the KV.
 IGNORED_CONFIG_KEYS = {"quantization_config", "transformers_version", "dtype", "torch_dtype", "architectures"}
+WEIGHT_DIGEST = "_kvboost_weight_digest"
 
 
 def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerprint:
@@ -21,17 +22,28 @@ def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerp
     config = model.config.get_text_config(decoder=True)
     settings = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in IGNORED_CONFIG_KEYS}
     config_json = json.dumps(settings, sort_keys=True, default=str)
-    weight_sample = hashlib.sha256()
-    for name, tensor in model.named_parameters():
-        weight_sample.update(name.encode())
-        weight_sample.update(tensor.detach().flatten()[:256].float().cpu().numpy().tobytes())
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
     return fingerprint_from_parts(
         [
             config_json,
-            weight_sample.digest(),
+            weight_digest(model),
             hashlib.sha256(vocab.encode()).digest(),
             str(dtype),
             json.dumps(rope_parameters(config), sort_keys=True, default=str),
         ]
     )
+
+
+def weight_digest(model: Any) -> bytes:
+    """A hash of a sample of every weight tensor, taken once and kept on the model: packing its
+    linear layers for the CPU (`hf.packed_linear`) reorders their weights, not what they compute.
+    NOTE: weights changed in place after the first engine was built are not seen again."""
+    digest = getattr(model, WEIGHT_DIGEST, None)
+    if digest is None:
+        sample = hashlib.sha256()
+        for name, tensor in model.named_parameters():
+            sample.update(name.encode())
+            sample.update(tensor.detach().flatten()[:256].float().cpu().numpy().tobytes())
+        digest = sample.digest()
+        setattr(model, WEIGHT_DIGEST, digest)
+    return digest
