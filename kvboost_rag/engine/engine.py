@@ -16,9 +16,9 @@ from ..config import MODES, EngineConfig, ExactnessConfig, Mode, RepairConfig, R
 from ..hf.attention import use_reuse_attention
 from ..hf.cache import gather_slots
 from ..hf.fingerprint import model_fingerprint
-from ..hf.packed_linear import pack_linear_layers
 from ..hf.loader import load_model, resolve_dtype
 from ..hf.model import context_window, eos_ids, rotary_module
+from ..hf.packed_linear import pack_linear_layers
 from ..ops.decode_retrieval import DecodeRetrieval
 from ..plan.chunking import chunk_boundaries
 from ..plan.keys import KeySpace
