@@ -3,10 +3,11 @@ retrieval (RetrievalConfig), and the memory bandwidth floor.
 
 Per prompt length (NQ passages joined up to it): decode tokens/s of `KVBoostRAG.generate` (full
 prefill, greedy, `ignore_eos`), of `model.generate` (greedy, the same new tokens, timed between
-its next-token choices), and of the engine with retrieval on (its default
-budget, every length); whether their tokens equal the dense loop's; retrieval's selection and
-attention time per step; and the floor: the bytes a step must read (weights + the KV so far)
-over this machine's read bandwidth, measured here (numpy sum over a 512 MB array).
+its next-token choices; the same model, so on a bf16 CPU its linear layers are packed too),
+and of the engine with retrieval on (its default budget, every length); whether their tokens
+equal the dense loop's; retrieval's selection and attention time per step; and the floor: the
+bytes a step must read (weights + the KV so far) over this machine's read bandwidth, measured
+here (numpy sum over a 512 MB array).
 
 JSON: benchmarks/results/bench_decode.json (or --out).
 """
@@ -24,6 +25,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from kvboost_rag import KVBoostRAG, RetrievalConfig
 from kvboost_rag.eval import harness
 from kvboost_rag.eval.data import load_qa
+from kvboost_rag.hf.packed_linear import PackedLinear
 
 
 def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
@@ -31,6 +33,19 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     data = np.ones(megabytes * 2**20 // 8, dtype=np.float64)
     best = min(_timed(lambda: data.sum()) for _ in range(repeats))
     return data.nbytes / best
+
+
+def step_weight_bytes(model) -> int:
+    """Bytes of weights a decode step reads: every linear layer's (packed or not) and the norms;
+    of the input embedding only a row, unless it is also the output head."""
+    embedding = model.get_input_embeddings().weight
+    read = {id(p): p for p in model.parameters() if p is not embedding}
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            read[id(module.packed_weight)] = module.packed_weight
+        elif isinstance(module, torch.nn.Linear):
+            read[id(module.weight)] = module.weight
+    return sum(t.numel() * t.element_size() for t in read.values())
 
 
 def _timed(call) -> float:
@@ -77,7 +92,7 @@ def main() -> None:
     args = harness.parse(p)
     engine = harness.load_engine(args)
     model, tokenizer = engine.model, engine.tokenizer
-    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    weights = step_weight_bytes(model)
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_per_token = (

@@ -8,7 +8,7 @@ from torch import nn
 
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
-from kvboost_rag.hf.fingerprint import model_fingerprint
+from kvboost_rag.hf.fingerprint import WEIGHT_DIGEST, model_fingerprint
 from kvboost_rag.hf.packed_linear import PackedLinear, pack_linear_layers, packing_pays
 
 pytestmark = pytest.mark.skipif(
@@ -44,10 +44,19 @@ def test_packed_layers_give_the_plain_logits_to_the_bit(tiny_model_dir) -> None:
     assert torch.equal(got, expected), "prefill and decode steps read the same weights"
 
 
-def test_fp32_models_keep_nn_linear(engine: KVBoostRAG) -> None:
+def test_fp32_models_keep_nn_linear_and_hash_their_weights_afresh(engine: KVBoostRAG) -> None:
     assert not packing_pays(engine.model)
     assert pack_linear_layers(engine.model) == 0
     assert any(type(m) is nn.Linear for m in engine.model.modules())
+    assert not hasattr(engine.model, WEIGHT_DIGEST), "weights changed in place must change the fingerprint"
+
+
+def test_layers_off_the_cpu_dtype_are_left_alone(tiny_model_dir) -> None:
+    model = _bf16_tiny(tiny_model_dir)
+    model.lm_head.float()  # an fp32 head inside a bf16 model
+    packed = pack_linear_layers(model)
+    assert type(model.lm_head) is nn.Linear
+    assert packed == sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
 
 
 def test_a_packed_model_keeps_its_fingerprint(tiny_model_dir) -> None:

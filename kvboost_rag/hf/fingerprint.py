@@ -35,15 +35,21 @@ def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerp
 
 
 def weight_digest(model: Any) -> bytes:
-    """A hash of a sample of every weight tensor, taken once and kept on the model: packing its
-    linear layers for the CPU (`hf.packed_linear`) reorders their weights, not what they compute.
-    NOTE: weights changed in place after the first engine was built are not seen again."""
+    """A hash of a sample of every weight tensor. A model whose linear layers were packed for the
+    CPU (`hf.packed_linear`, which takes this hash first) keeps the hash of its weights as loaded:
+    packing reorders them, it does not change what they compute."""
     digest = getattr(model, WEIGHT_DIGEST, None)
-    if digest is None:
-        sample = hashlib.sha256()
-        for name, tensor in model.named_parameters():
-            sample.update(name.encode())
-            sample.update(tensor.detach().flatten()[:256].float().cpu().numpy().tobytes())
-        digest = sample.digest()
-        setattr(model, WEIGHT_DIGEST, digest)
+    if digest is not None:
+        return digest
+    sample = hashlib.sha256()
+    for name, tensor in model.named_parameters():
+        sample.update(name.encode())
+        sample.update(tensor.detach().flatten()[:256].float().cpu().numpy().tobytes())
+    return sample.digest()
+
+
+def remember_weight_digest(model: Any) -> bytes:
+    """Take the weights' hash and keep it on the model, before packing hides the weights."""
+    digest = weight_digest(model)
+    setattr(model, WEIGHT_DIGEST, digest)
     return digest
