@@ -74,10 +74,12 @@ def pack_linear_layers(model: Any) -> int:
     swaps = [
         (parent, name) for parent in model.modules() for name, child in parent.named_children() if _packable(child)
     ]
-    if not swaps or not _agrees(getattr(*swaps[0])):
+    first = _checked_pack(getattr(*swaps[0])) if swaps else None
+    if first is None:
         return 0
     remember_weight_digest(model)  # as loaded: packing must not change which stores this model reads
-    for parent, name in swaps:  # one at a time, so each plain weight is freed as its copy is made
+    setattr(*swaps[0], first)
+    for parent, name in swaps[1:]:  # one at a time, so each plain weight is freed as its copy is made
         setattr(parent, name, PackedLinear(getattr(parent, name)))
     return len(swaps)
 
@@ -89,7 +91,8 @@ def _packable(module: nn.Module) -> bool:
     return type(weight) is nn.Parameter and weight.device.type == "cpu" and weight.dtype in PACKED_DTYPES
 
 
-def _agrees(linear: nn.Linear) -> bool:
+def _checked_pack(linear: nn.Linear) -> PackedLinear | None:
+    """`linear` packed, if its outputs agree with `F.linear`'s on one and on three rows."""
     try:
         packed = PackedLinear(linear)
         generator = torch.Generator().manual_seed(0)
@@ -101,5 +104,5 @@ def _agrees(linear: nn.Linear) -> bool:
                     raise RuntimeError("packed and plain outputs differ")
     except (RuntimeError, NotImplementedError) as exc:
         log.warning("oneDNN packed linear layers are off (%s): decode steps stay on nn.Linear", exc)
-        return False
-    return True
+        return None
+    return packed
