@@ -17,7 +17,6 @@ Mode = Literal["full", "prefix", "reuse"]
 ChunkingStrategy = Literal["fixed", "semantic", "adaptive"]
 RepairStrategy = Literal["none", "boundary", "cacheblend"]
 Deviation = Literal["value", "key"]
-RankBy = Literal["deviation", "question", "both"]
 Quantization = Literal["int8", "int4"]
 
 MODES: tuple[Mode, ...] = ("full", "prefix", "reuse")
@@ -43,10 +42,7 @@ class RepairConfig:
     document needs no more repair than a short one. rho = 1 recomputes every moved token, cap or
     not: full prefill's logits.
     `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
-    reused, little can be wrong). `rank_by`: how CacheBlend ranks moved tokens: by their K/V
-    `deviation` at the check layer, by the attention the prompt's last tokens (the question)
-    give them there (`question`, ProphetKV's query-driven choice), or by the product (`both`).
-    `narrow_check_layer`: the check layer's attention and
+    reused, little can be wrong). `narrow_check_layer`: the check layer's attention and
     feed-forward run for the selected tokens only (the next layer drops the rest); off runs them
     for every token, with the same logits, as the reference for that shortcut.
     """
@@ -56,7 +52,6 @@ class RepairConfig:
     max_tokens_per_run: int | None = 32
     check_layer: int = 1
     deviation: Deviation = "key"
-    rank_by: RankBy = "deviation"
     boundary_tokens: int = 16
     tail_tokens: int = 0
     blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
@@ -73,8 +68,6 @@ class RepairConfig:
         _check_optional_count("max_tokens_per_run", self.max_tokens_per_run)
         if self.deviation not in ("value", "key"):
             raise ValueError(f"deviation must be 'value' or 'key', got {self.deviation!r}")
-        if self.rank_by not in ("deviation", "question", "both"):
-            raise ValueError(f"rank_by must be 'deviation', 'question' or 'both', got {self.rank_by!r}")
         if min(self.boundary_tokens, self.tail_tokens, self.blend_boundary_tokens) < 0:
             raise ValueError("token counts must be >= 0")
         if not 0.0 <= self.min_reused_share <= 1.0:

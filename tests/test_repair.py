@@ -15,7 +15,7 @@ from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.hf.blend import SelectiveCache
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.ops.attention import position_mask
-from kvboost_rag.ops.selection import question_attention, select_for_recompute
+from kvboost_rag.ops.selection import select_for_recompute
 from kvboost_rag.plan.matching import ReusePlan, Segment
 from kvboost_rag.plan.repair import boundary_positions, reused_runs, with_recomputed
 
@@ -47,29 +47,6 @@ def test_selection_picks_the_largest_deviations() -> None:
     assert picked.tolist() == [0, 2, 7]
     assert select_for_recompute(fresh, cached, candidates, forced, rho=1.0).tolist() == list(range(9))
     assert select_for_recompute(fresh, cached, candidates, forced, rho=1.0, limit=1).tolist() == [0, 2]
-
-
-def test_question_attention_ranks_the_tokens_the_question_reads() -> None:
-    """A question whose queries match one key reads that token most; ranked by that weight
-    alone, or times the deviation, the selection follows it."""
-    keys = torch.zeros(1, 8, 4)
-    keys[0, 5] = torch.tensor([4.0, 0.0, 0.0, 0.0])
-    keys[0, 2] = torch.tensor([2.0, 0.0, 0.0, 0.0])
-    question = torch.tensor([1.0, 0.0, 0.0, 0.0]).expand(2, 3, 4)  # 2 query heads over 1 KV head
-    weight = question_attention(question, keys, scale=1.0)
-    assert weight.shape == (8,) and math.isclose(weight.sum().item(), 1.0, rel_tol=1e-5)
-    assert weight.argmax().item() == 5 and weight[2] > weight[0]
-    candidates = torch.ones(10, dtype=torch.bool)
-    forced = torch.zeros(10, dtype=torch.bool)
-    flat = torch.zeros(2, 10, 4)
-    fresh = flat.clone()
-    fresh[:, 9] = 9.0  # the largest deviation, past the question's keys: weighs 0
-    fresh[:, 2] = 1.0
-    fresh[:, 5] = 1.0
-    by_weight = select_for_recompute(fresh, flat, candidates, forced, 0.1, weight=weight, use_deviation=False)
-    assert by_weight.tolist() == [5]
-    assert select_for_recompute(fresh, flat, candidates, forced, 0.2, weight=weight).tolist() == [2, 5]
-    assert select_for_recompute(fresh, flat, candidates, forced, 0.1).tolist() == [9]
 
 
 def test_a_long_documents_repair_is_capped_per_run(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
@@ -139,35 +116,6 @@ def test_cacheblend_rho_one_equals_full_prefill(fresh_engine: KVBoostRAG, shuffl
         )
         assert plan.tokens("approximate") > 300
         assert (repaired - full).abs().max().item() <= 1e-3
-
-
-@pytest.mark.parametrize("rank_by", ["question", "both"])
-def test_question_ranking_reads_the_check_layers_queries(
-    fresh_engine: KVBoostRAG, shuffled_prompt: list, monkeypatch: pytest.MonkeyPatch, rank_by: str
-) -> None:
-    """Ranked by the question's attention, the choice waits for the check layer's queries; at
-    rho 1 it is full prefill's logits, and at rho 0.3 it repairs."""
-    calls: list[int] = []
-    original = SelectiveCache.choose_with_queries
-
-    def recording(self: SelectiveCache, query: torch.Tensor, scale: float) -> None:
-        calls.append(query.shape[2])
-        original(self, query, scale)
-
-    monkeypatch.setattr(SelectiveCache, "choose_with_queries", recording)
-    full, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="full")
-    exact, plan = fresh_engine.next_token_logits(
-        shuffled_prompt, mode="reuse", repair=RepairConfig(strategy="cacheblend", rho=1.0, rank_by=rank_by)
-    )
-    assert calls == [sum(len(s) for s in plan.segments)], "once, with every token's query"
-    assert (exact - full).abs().max().item() <= 1e-3
-    log_full = torch.log_softmax(full, -1)
-
-    def kl(repair: RepairConfig) -> float:
-        logits, _ = fresh_engine.next_token_logits(shuffled_prompt, mode="reuse", repair=repair)
-        return torch.sum(log_full.exp() * (log_full - torch.log_softmax(logits, -1))).item()
-
-    assert kl(RepairConfig(strategy="cacheblend", rho=0.3, rank_by=rank_by)) < kl(STALE)
 
 
 def test_check_layer_attends_for_the_selected_tokens_only(

@@ -39,9 +39,6 @@ def eval_command(
     rho: Annotated[float | None, typer.Option(help="CacheBlend rho (default: the engine's)")] = None,
     check_layer: Annotated[int | None, typer.Option(help="CacheBlend check layer")] = None,
     deviation: Annotated[str | None, typer.Option(help="CacheBlend deviation: value or key")] = None,
-    rank_by: Annotated[
-        str | None, typer.Option(help="CacheBlend ranks moved tokens by deviation, question or both")
-    ] = None,
     boundary_tokens: Annotated[int | None, typer.Option(help="tokens recomputed at each run start (boundary)")] = None,
     blend_boundary_tokens: Annotated[
         int | None, typer.Option(help="run-start tokens CacheBlend always recomputes")
@@ -88,7 +85,6 @@ def eval_command(
         rho=rho,
         check_layer=check_layer,
         deviation=deviation,
-        rank_by=rank_by,
         boundary_tokens=boundary_tokens,
         blend_boundary_tokens=blend_boundary_tokens,
     )

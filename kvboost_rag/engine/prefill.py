@@ -139,20 +139,12 @@ class PrefillRunner:
         capped = repair.max_tokens_per_run is not None and repair.rho < 1.0
         limit = repair.max_tokens_per_run * len(reused_runs(plan)) if capped else None
 
-        by_question = repair.rank_by != "deviation"
-
-        def select(
-            layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor, question: torch.Tensor | None
-        ) -> torch.Tensor:
+        def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
             fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
-            use_deviation = question is None or repair.rank_by == "both"
-            return select_for_recompute(fresh, cached, moved, forced, repair.rho, limit, question, use_deviation)
+            return select_for_recompute(fresh, cached, moved, forced, repair.rho, limit)
 
         check_layer = min(repair.check_layer, layers - 1)
-        # the question: the tokens after the last moved one (none when a moved token ends the prompt)
-        question_start = int(torch.nonzero(moved).max()) + 1
-        question_start = question_start if by_question and question_start < n else None
-        cache = SelectiveCache(mixed_keys, mixed_values, check_layer, select, repair.narrow_check_layer, question_start)
+        cache = SelectiveCache(mixed_keys, mixed_values, check_layer, select, repair.narrow_check_layer)
         timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
         with self.model_lock:
             logits = selective_forward(self.model, torch.from_numpy(tokens).to(self.device), cache)

@@ -47,10 +47,6 @@ VARIANTS: dict[str, Builder] = {
     # EPIC's upper setting: the first 32 tokens of every moved run
     "boundary32": lambda b: Variant("boundary32", "reuse", RepairConfig(strategy="boundary", boundary_tokens=32), OFF),
     "cacheblend": lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
-    # ProphetKV's query-driven choice: moved tokens ranked by the question's attention, alone or
-    # times CacheBlend's deviation
-    "question": lambda b: Variant("question", "reuse", replace(b.cacheblend, rank_by="question"), OFF),
-    "question_deviation": lambda b: Variant("question_deviation", "reuse", replace(b.cacheblend, rank_by="both"), OFF),
     "default": lambda b: Variant("default", "reuse", b.repair, b.exactness),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)

@@ -41,8 +41,6 @@ def few_queries_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: grouped attention where it pays, sdpa elsewhere."""
     blend = ACTIVE_BLEND.get()
-    if blend is not None and blend.awaits_queries(module):
-        blend.choose_with_queries(query, scaling if scaling is not None else query.shape[-1] ** -0.5)
     if blend is not None and blend.narrows(module, query):
         return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
     heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]

@@ -15,11 +15,9 @@ import torch
 from transformers import DynamicCache
 
 from ..ops.attention import position_mask
-from ..ops.selection import question_attention
 from .model import decoder_layers
 
-# (check layer, fresh keys, fresh values, the question's attention over earlier tokens or None)
-Selector = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+Selector = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 # The CacheBlend pass running in this thread, for the attention path's check-layer narrowing.
 ACTIVE_BLEND: ContextVar[SelectiveCache | None] = ContextVar("kvboost_active_blend", default=None)
 
@@ -31,11 +29,7 @@ class SelectiveCache(DynamicCache):
     selector picks the token indices to recompute; later layers see only those tokens, whose
     fresh K/V overwrite the cached ones in the mixed tensors [L, H, N, D] (position order), and
     attend to the whole mixed K/V. With `narrow_check_layer`, the check layer's own attention and
-    feed-forward run for the selected tokens only (the next layer drops the rest). With
-    `question_start`, the choice waits for the check layer's queries (the attention path calls
-    `choose_with_queries`), so the selector also gets how much the tokens from `question_start`
-    on (the question) attend to each earlier one; an attention path that does not call it gets
-    the choice without, before the next layer.
+    feed-forward run for the selected tokens only (the next layer drops the rest).
     """
 
     def __init__(
@@ -45,7 +39,6 @@ class SelectiveCache(DynamicCache):
         check_layer: int,
         select: Selector,
         narrow_check_layer: bool = True,
-        question_start: int | None = None,
     ) -> None:
         super().__init__()
         self.mixed_keys, self.mixed_values = mixed_keys, mixed_values
@@ -55,32 +48,6 @@ class SelectiveCache(DynamicCache):
         self.selected: torch.Tensor | None = None
         self.selected_mask: torch.Tensor | None = None  # [1, 1, selected, N]: exact, by position
         self.selected_at: float = 0.0
-        self.question_start = question_start
-        self._fresh: tuple[torch.Tensor, torch.Tensor] | None = None  # the check layer's, until chosen
-
-    def awaits_queries(self, module: Any) -> bool:
-        """Whether this attention call is the check layer's, whose queries the choice waits for."""
-        return self._fresh is not None and getattr(module, "layer_idx", None) == self.check_layer
-
-    def choose_with_queries(self, query: torch.Tensor, scale: float) -> None:
-        """Choose with the question's attention at the check layer: query [1, heads, N, dim]."""
-        assert self._fresh is not None and self.question_start is not None
-        start = self.question_start
-        self._choose(question_attention(query[0, :, start:], self._fresh[0][:, :start], scale))
-
-    def ensure_chosen(self) -> None:
-        """Choose without queries where the attention path did not pass them."""
-        if self._fresh is not None:
-            self._choose(None)
-
-    def _choose(self, question: torch.Tensor | None) -> None:
-        assert self._fresh is not None
-        keys, values = self._fresh
-        self._fresh = None
-        self.selected = self._select(self.check_layer, keys, values, question)
-        positions = torch.arange(self.mixed_keys.shape[2], device=self.selected.device)
-        self.selected_mask = position_mask(self.selected, positions, self.mixed_keys.dtype)
-        self.selected_at = time.perf_counter()
 
     def narrows(self, module: Any, query: torch.Tensor) -> bool:
         """Whether this attention call is the check layer's over every token, after selection:
@@ -95,13 +62,13 @@ class SelectiveCache(DynamicCache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         if layer_idx <= self.check_layer:
             if layer_idx == self.check_layer:
-                self._fresh = (key_states[0], value_states[0])
-                if self.question_start is None:
-                    self._choose(None)
+                self.selected = self._select(layer_idx, key_states[0], value_states[0])
+                positions = torch.arange(self.mixed_keys.shape[2], device=self.selected.device)
+                self.selected_mask = position_mask(self.selected, positions, self.mixed_keys.dtype)
+                self.selected_at = time.perf_counter()
             self.mixed_keys[layer_idx].copy_(key_states[0])
             self.mixed_values[layer_idx].copy_(value_states[0])
             return key_states, value_states
-        self.ensure_chosen()
         assert self.selected is not None
         self.mixed_keys[layer_idx].index_copy_(1, self.selected, key_states[0])
         self.mixed_values[layer_idx].index_copy_(1, self.selected, value_states[0])
@@ -120,7 +87,6 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
     positions = torch.arange(n, device=input_ids.device)
 
     def narrow(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        cache.ensure_chosen()
         selected = cache.selected
         assert selected is not None
         hidden = args[0] if args else kwargs.pop("hidden_states")
