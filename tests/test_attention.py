@@ -9,6 +9,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvboost_rag.hf.attention import few_queries_attention
+from kvboost_rag.hf.cache import float_keys_for, make_cache, running_over
 from kvboost_rag.ops.attention import (
     blockwise_grouped_attention,
     causal_blocks,
@@ -98,6 +99,29 @@ def test_a_bfloat16_decode_step_takes_the_fast_path_at_sdpa_precision() -> None:
     assert ours_error.mean() <= 1.5 * sdpa_error.mean()
     in_fp32, _ = few_queries_attention(module, query, key, value, None, scaling=0.125)
     assert torch.equal(in_fp32, exact)
+
+
+def test_a_bfloat16_decode_step_reads_the_caches_float_keys() -> None:
+    """In a forward pass over a cache of ours, a decode step's scores read the layer's float32
+    copy of its keys, kept up to date token by token, and attend exactly as over converted keys."""
+    torch.manual_seed(2)
+    keys, values = torch.randn(2, 3, 40, 64).bfloat16(), torch.randn(2, 3, 40, 64).bfloat16()
+    cache = make_cache(keys, values)
+    layer = cache.layers[1]
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, layer_idx=1)
+    query = torch.randn(1, 9, 1, 64).bfloat16()
+    for step in range(300):  # past the buffer's headroom: it grows, and the copy is made again
+        new_key, new_value = torch.randn(1, 3, 1, 64).bfloat16(), torch.randn(1, 3, 1, 64).bfloat16()
+        key, value = cache.update(new_key, new_value, 1)
+        with running_over(cache):
+            ours, _ = few_queries_attention(module, query, key, value, None, scaling=0.125)
+            assert float_keys_for(0, key) is None, "another layer's keys are not this tensor"
+        if step % 50 == 0 or step == 299:
+            assert torch.equal(layer.float_keys(), key.float())
+            assert torch.equal(ours, single_query_attention(query, key, value, 0.125))
+    assert float_keys_for(1, key) is None, "outside a forward pass nothing is read"
+    layer.crop(-10)
+    assert torch.equal(layer.float_keys(), layer.keys.float()) and layer.float_keys().shape[2] == 330
 
 
 def test_a_single_query_with_a_mask_keeps_its_mask() -> None:

@@ -120,6 +120,27 @@ def test_the_next_chat_turn_finds_the_last_answer(fresh_engine: KVBoostRAG) -> N
     assert quiet.generate(messages, max_new_tokens=2).reused_tokens == 0, "store_prompt=False keeps nothing"
 
 
+def test_every_turn_of_a_long_chat_computes_only_its_new_message(fresh_engine: KVBoostRAG) -> None:
+    """Turn after turn, the history is EXACT and only the new message (and the template around
+    it) is computed: a turn's short tail is kept too, and the rest of a kept turn is found
+    after a stored prompt chunk that covers its first part (past 128 tokens)."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": "Answer in a few words."}]
+    computed: list[int] = []
+    for question in ["Hi?", "Why?", "Name a planet.", "And a star?", "Ok.", "Sure?", "Name a moon.", "Why not?", "Tell me more.", "Thanks!"]:
+        messages.append({"role": "user", "content": question})
+        result = fresh_engine.generate(messages, max_new_tokens=6)
+        computed.append(result.prompt_tokens - result.reused_tokens)
+        assert result.reused_approximate_tokens == 0
+        messages.append({"role": "assistant", "content": result.text})
+    assert result.prompt_tokens > 128 + 16, "the prompt crossed a stored chunk"
+    new_tokens = max(len(fresh_engine.tokenizer(q, add_special_tokens=False).input_ids) for q in ["Name a planet."])
+    assert max(computed[1:]) <= new_tokens + 16, computed
+    reused, plan = fresh_engine.next_token_logits(messages[:-1])
+    full, _ = fresh_engine.next_token_logits(messages[:-1], mode="full")
+    assert plan.tokens("exact") > 128 and plan.tokens("approximate") == 0
+    assert (reused - full).abs().max().item() <= 1e-3, "the history's KV is full prefill's"
+
+
 def test_a_chats_history_stays_in_memory_not_in_the_shared_store(engine: KVBoostRAG, tmp_path) -> None:
     """The persistent store is the corpus other workers share: a conversation's tail is this
     process's, so it is kept in memory only."""

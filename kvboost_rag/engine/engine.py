@@ -277,7 +277,7 @@ class KVBoostRAG:
 
     def _keep_tail(self, request: Request) -> None:
         """The turn's new tokens and answer, kept for the next turn of the conversation."""
-        tail = conversation_tail(request, 2 * self.config.match_window - 1)
+        tail = conversation_tail(request, self.config.match_window)
         if tail is not None:
             sequence, slots, start = tail
             keys, values = gather_slots(request.cache, slots)

@@ -76,17 +76,21 @@ def _exact_entry(
 def conversation_tail(request: Request, min_tokens: int) -> tuple[np.ndarray, torch.Tensor, int] | None:
     """The prompt and the answer as one sequence, the cache slots of its tail (the tokens after
     the prompt's last reused one, with the answer's) and where that tail starts; None when the
-    tail is shorter than `min_tokens` (too short to be found again).
+    whole sequence is shorter than `min_tokens` (too short to be found again).
 
+    A tail shorter than `min_tokens` (the match window) starts earlier, over reused tokens, so
+    that it can be found: a chat of short messages would otherwise keep a turn only every other
+    turn, and compute the turn it dropped again in the next.
     An answer that ended at end-of-sequence fed every token it kept; one cut by the token
     limit or a stop string never fed its last, whose KV is not there."""
     plan = request.plan
     assert plan is not None and request.slot_positions is not None
-    reused_end = max((s.end for s in plan.segments if s.kind != "computed"), default=0)
     answer = request.generated if request.finish == "eos" else request.generated[:-1]
     sequence = np.concatenate([request.tokens, np.asarray(answer, dtype=np.int64)])
-    if len(sequence) - reused_end < min_tokens:
+    if len(sequence) < min_tokens:
         return None
-    prompt_slots = torch.argsort(request.slot_positions)[reused_end:]
+    reused_end = max((s.end for s in plan.segments if s.kind != "computed"), default=0)
+    start = min(reused_end, len(sequence) - min_tokens)
+    prompt_slots = torch.argsort(request.slot_positions)[start:]
     answer_slots = torch.arange(len(request.tokens), len(request.tokens) + len(answer), device=prompt_slots.device)
-    return sequence, torch.cat([prompt_slots, answer_slots]), reused_end
+    return sequence, torch.cat([prompt_slots, answer_slots]), start

@@ -48,9 +48,12 @@ def single_query_on_matmuls(query: torch.Tensor) -> bool:
     return query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
 
 
-def single_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+def single_query_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, float_key: torch.Tensor | None = None
+) -> torch.Tensor:
     """One new token per sequence, queries [b, heads, 1, d], over every cached K/V [b, kv_heads,
     n, d] (no mask: a decode step sees the whole cache): two matmuls per key/value head group.
+    `float_key`: the keys already in float32, where the caller keeps such a copy.
 
     Scores and softmax in fp32, as sdpa's kernels keep them, so a reduced-precision decode step
     reads the same attention; on a CPU, sdpa's flash kernel takes one bf16 query 3-6x longer
@@ -61,7 +64,8 @@ def single_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     batch, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     grouped = (query.float() * scale).reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    probs = torch.matmul(grouped, key.transpose(2, 3).float()).softmax(dim=-1).to(value.dtype)
+    keys = (key if float_key is None else float_key).transpose(2, 3).float()  # no copy if fp32 already
+    probs = torch.matmul(grouped, keys).softmax(dim=-1).to(value.dtype)
     return torch.matmul(probs, value).reshape(batch, 1, heads, value.shape[-1])
 
 

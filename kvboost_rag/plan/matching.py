@@ -162,27 +162,48 @@ def _approximate_segments(
     tokens: np.ndarray, start: int, store: ChunkLookup, fingerprint: Fingerprint
 ) -> list[Segment]:
     window = store.match_window
-    if len(tokens) - start < window:
+    # NOTE: windows are indexed every `window` tokens of an entry, so the scan resumes window - 1
+    # tokens before what is covered (the EXACT chunks, then each run found): the rest of an entry
+    # whose first part is covered already (a chat turn kept in place, after a stored prompt chunk
+    # or an earlier turn that overlaps it) is then found by a window that begins in the covered
+    # part, and the run is cut where that part ends.
+    scan = max(0, start - window + 1)
+    if len(tokens) - scan < window:
         return []
-    keys = window_keys(fingerprint, tokens[start:], window)
+    keys = window_keys(fingerprint, tokens[scan:], window)
     store.prefetch(keys)
     segments: list[Segment] = []
     covered = start
-    i = start
-    while i - start < len(keys):
+    i = scan
+    while i - scan < len(keys):
         best: list[Segment] = []
-        for entry, offset in store.window_candidates(keys[i - start]):
+        gain = 0
+        for entry, offset in store.window_candidates(keys[i - scan]):
             if entry.fingerprint != fingerprint:
                 continue  # an 8-byte window key collided with another key space's
             run = _extend_match(tokens, i, entry, offset, covered, store)
-            if sum(map(len, run)) > sum(map(len, best)):
-                best = run
-        if best and sum(map(len, best)) >= window:
-            segments += best
-            covered = i = best[-1].end
+            new = sum(map(len, _from(run, covered)))
+            if sum(map(len, run)) >= window and new > gain:
+                best, gain = run, new
+        if gain:
+            segments += _from(best, covered)
+            covered = best[-1].end
+            i = max(i + 1, covered - window + 1)
         else:
             i += 1
     return segments
+
+
+def _from(run: list[Segment], start: int) -> list[Segment]:
+    """The run's segments cut to begin at `start` or later."""
+    kept = []
+    for s in run:
+        if s.end <= start:
+            continue
+        if s.start < start:
+            s = Segment(start, s.end, s.kind, s.entry, s.offset + start - s.start)
+        kept.append(s)
+    return kept
 
 
 def _extend_match(
@@ -221,24 +242,25 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 def _in_place_exact(tokens: np.ndarray, segments: list[Segment], keys: KeySpace) -> list[Segment]:
     """Found chunks that were computed after these very tokens, where they stand now (a chat's
     history kept in place): their KV is full prefill's, so they are EXACT, not moved, whole or
-    a first part of them (the matcher confirmed those tokens)."""
+    any part of them (the matcher confirmed those tokens; the chunk's own tokens before the part
+    are checked here, where the part does not start the chunk)."""
     in_place = [
         i
         for i, s in enumerate(segments)
         if s.entry is not None
         and s.entry.prefix_hash is not None
-        and s.offset == 0
-        and s.start == s.entry.base_position
+        and s.start - s.offset == s.entry.base_position
+        and np.array_equal(tokens[s.entry.base_position : s.start], s.entry.tokens[: s.offset])
     ]
     if not in_place:
         return segments
-    contexts = span_hashes(keys.stored_kv, tokens, [segments[i].start for i in in_place])
+    contexts = span_hashes(keys.stored_kv, tokens, [segments[i].start - segments[i].offset for i in in_place])
     promoted = list(segments)
     for i, context in zip(in_place, contexts):
         s = segments[i]
         assert s.entry is not None
         if s.entry.prefix_hash == in_place_key(context, s.entry.content_hash):
-            promoted[i] = Segment(s.start, s.end, "exact", s.entry, 0)
+            promoted[i] = Segment(s.start, s.end, "exact", s.entry, s.offset)
     return promoted
 
 
