@@ -65,7 +65,7 @@ def span_hashes(fingerprint: Fingerprint, tokens: Sequence[int] | np.ndarray, en
 def in_place_key(context: PrefixHash, content: ContentHash) -> PrefixHash:
     """The EXACT key of a chunk kept where it was computed: the span hash of every token before
     it, with its own content hash. A prompt whose tokens before the chunk hash the same, and
-    that holds the chunk's first tokens there, reads exact KV for them, all or a prefix."""
+    that holds the chunk there, reads exact KV for any part of it."""
     return PrefixHash(hashlib.sha256(b"in-place\0" + context + content).digest())
 
 

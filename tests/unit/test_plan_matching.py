@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from kvboost_rag.plan.chunking import fixed_boundaries
-from kvboost_rag.plan.keys import chained_prefix_hashes
+from kvboost_rag.plan.keys import chained_prefix_hashes, content_hash, in_place_key, span_hashes
 from kvboost_rag.plan.matching import Segment, plan_reuse
 from kvboost_rag.store.memory import ChunkStore
+
+from .conftest import DOC_FP
 
 WINDOW = 4
 CHUNK = 16
@@ -335,3 +337,34 @@ def test_span_hashes_identify_every_token_before_each_end() -> None:
     assert span_hashes(Fingerprint(b"n" * 32), tokens, [50]) != [at_50]
     with pytest.raises(ValueError, match="decrease"):
         span_hashes(seed, tokens, [30, 20])
+
+
+def test_the_rest_of_a_turn_kept_in_place_is_exact_after_a_chunk_that_covers_its_start(fakes, plan_checker) -> None:
+    """A chat turn kept in place (an in-place key: every token before it) whose first tokens a
+    stored prompt chunk covers: its rest is still EXACT, though no indexed window of the turn
+    lies wholly in that rest (windows every WINDOW tokens; the rest is offsets 5-10 of 10)."""
+    history, turn = fakes.filler(27), fakes.tokens(10, band=1)
+    prompt = np.concatenate([history, turn, fakes.filler(5)])
+    context = span_hashes(fakes.keys.stored_kv, prompt, [27])[0]
+    kept = fakes.entry(turn, base_position=27, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
+    prefixes = chained_prefix_hashes(fakes.keys.stored_kv, prompt, [0, 16, 32])
+    chunks = [
+        fakes.entry(prompt[a:b], base_position=a, prefix=prefixes[i], approximate_ok=False)
+        for i, (a, b) in enumerate([(0, 16), (16, 32)])
+    ]
+    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
+    for entry in [kept, *chunks]:
+        assert store.put(entry)
+    result = plan(fakes, prompt, store)
+    plan_checker(result, prompt)
+    assert [(s.start, s.end, s.kind, s.offset) for s in result.segments] == [
+        (0, 16, "exact", 0),
+        (16, 32, "exact", 0),
+        (32, 37, "exact", 5),
+        (37, 42, "computed", 0),
+    ]
+    assert result.segments[2].entry is kept
+    moved = np.concatenate([fakes.filler(1), prompt])  # one token earlier: not in place, moved
+    shifted = plan(fakes, moved, store)
+    plan_checker(shifted, moved)
+    assert [(s.start, s.end, s.kind) for s in shifted.segments if s.entry is kept] == [(28, 38, "approximate")]
