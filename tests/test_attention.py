@@ -101,9 +101,17 @@ def test_a_bfloat16_decode_step_takes_the_fast_path_at_sdpa_precision() -> None:
     assert torch.equal(in_fp32, exact)
 
 
-def test_a_bfloat16_decode_step_reads_the_caches_float_keys() -> None:
+def test_a_bfloat16_decode_step_reads_the_caches_float_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """In a forward pass over a cache of ours, a decode step's scores read the layer's float32
     copy of its keys, kept up to date token by token, and attend exactly as over converted keys."""
+    read: list[bool] = []
+
+    def recording(layer_idx: int | None, key: torch.Tensor) -> torch.Tensor | None:
+        found = float_keys_for(layer_idx, key)
+        read.append(found is not None and torch.equal(found, key.float()))
+        return found
+
+    monkeypatch.setattr("kvboost_rag.hf.attention.float_keys_for", recording)
     torch.manual_seed(2)
     keys, values = torch.randn(2, 3, 40, 64).bfloat16(), torch.randn(2, 3, 40, 64).bfloat16()
     cache = make_cache(keys, values)
@@ -119,6 +127,7 @@ def test_a_bfloat16_decode_step_reads_the_caches_float_keys() -> None:
         if step % 50 == 0 or step == 299:
             assert torch.equal(layer.float_keys(), key.float())
             assert torch.equal(ours, single_query_attention(query, key, value, 0.125))
+    assert read == [True] * 300, "every step read the layer's copy, equal to its keys"
     assert float_keys_for(1, key) is None, "outside a forward pass nothing is read"
     layer.crop(-10)
     assert torch.equal(layer.float_keys(), layer.keys.float()) and layer.float_keys().shape[2] == 330

@@ -177,14 +177,17 @@ def _approximate_segments(
     i = scan
     while i - scan < len(keys):
         best: list[Segment] = []
-        gain = 0
+        gain, placed = 0, False
         for entry, offset in store.window_candidates(keys[i - scan]):
             if entry.fingerprint != fingerprint:
                 continue  # an 8-byte window key collided with another key space's
             run = _extend_match(tokens, i, entry, offset, covered, store)
             new = sum(map(len, _from(run, covered)))
-            if sum(map(len, run)) >= window and new > gain:
-                best, gain = run, new
+            # of equal runs, one that stands where it was computed (a chat turn seen twice); a
+            # moved run must add a window's worth, a run in place any part (it may be EXACT)
+            here = entry.base_position == i - offset
+            if sum(map(len, run)) >= window and (new >= window or here) and (new, here) > (gain, placed):
+                best, gain, placed = run, new, here
         if gain:
             segments += _from(best, covered)
             covered = best[-1].end
@@ -254,9 +257,13 @@ def _in_place_exact(tokens: np.ndarray, segments: list[Segment], keys: KeySpace)
     ]
     if not in_place:
         return segments
-    contexts = span_hashes(keys.stored_kv, tokens, [segments[i].start - segments[i].offset for i in in_place])
+    # NOTE: entries' bases need not rise along the segments (overlapping turns, each cut where
+    # the one before it ends), and span hashes are taken at rising ends.
+    bases = [segments[i].start - segments[i].offset for i in in_place]
+    ends = sorted(set(bases))
+    context_at = dict(zip(ends, span_hashes(keys.stored_kv, tokens, ends)))
     promoted = list(segments)
-    for i, context in zip(in_place, contexts):
+    for i, context in zip(in_place, (context_at[base] for base in bases)):
         s = segments[i]
         assert s.entry is not None
         if s.entry.prefix_hash == in_place_key(context, s.entry.content_hash):

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..plan.keys import ContentHash, PrefixHash, WindowKey, indexed_window_keys
@@ -166,13 +166,14 @@ class ChunkStore:
                 return False
             # NOTE: a prompt's exact-only chunk may hold this chain already; a document chunk with
             # the same KV is still indexed for reuse at other positions.
-            if entry.approximate_ok and entry.content_hash in self._by_content:
+            alias = entry.approximate_ok and entry.content_hash in self._by_content
+            if alias:
                 if entry.prefix_hash is None:
                     self._touch(self._by_content[entry.content_hash])
                     return False
-                # NOTE: equal tokens after a different prefix have different KV: keep it for
-                # EXACT hits of its own chain only, never as an alias of the other entry.
-                entry = replace(entry, approximate_ok=False)
+                # NOTE: equal tokens after a different prefix have different KV: never served for
+                # the other entry's content key; still indexed by its windows, so a chat turn
+                # kept in place is found where it stands even when an earlier turn said the same.
             if entry.nbytes > self.budget_bytes:
                 return False
             entry_id = self._next_id
@@ -184,7 +185,8 @@ class ChunkStore:
             if entry.prefix_hash is not None:
                 self._by_prefix.setdefault(entry.prefix_hash, entry_id)
             if entry.approximate_ok:
-                self._by_content[entry.content_hash] = entry_id
+                if not alias:
+                    self._by_content[entry.content_hash] = entry_id
                 entry.window_keys = indexed_window_keys(entry.fingerprint, entry.tokens, self.match_window)
                 for i, key in enumerate(entry.window_keys):
                     self._by_window.setdefault(key, []).append((entry_id, i * self.match_window))

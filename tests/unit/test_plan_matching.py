@@ -368,3 +368,74 @@ def test_the_rest_of_a_turn_kept_in_place_is_exact_after_a_chunk_that_covers_its
     shifted = plan(fakes, moved, store)
     plan_checker(shifted, moved)
     assert [(s.start, s.end, s.kind) for s in shifted.segments if s.entry is kept] == [(28, 38, "approximate")]
+
+
+def test_overlapping_turns_kept_in_place_after_a_covering_chunk(fakes, plan_checker) -> None:
+    """Two kept turns that overlap, the later-starting one found first: both are EXACT where
+    they stand, whatever the order of their bases."""
+    tokens = fakes.tokens(44, band=1)
+
+    def kept(base: int, end: int):
+        context = span_hashes(fakes.keys.stored_kv, tokens, [base])[0]
+        turn = tokens[base:end]
+        return fakes.entry(turn, base_position=base, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
+
+    head = chained_prefix_hashes(fakes.keys.stored_kv, tokens, [0, 16])[0]
+    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
+    for entry in [kept(10, 20), kept(3, 40), fakes.entry(tokens[:16], prefix=head, approximate_ok=False)]:
+        assert store.put(entry)
+    result = plan(fakes, tokens, store)
+    plan_checker(result, tokens)
+    assert [(s.start, s.end, s.kind) for s in result.segments] == [
+        (0, 16, "exact"),
+        (16, 20, "exact"),
+        (20, 40, "exact"),
+        (40, 44, "computed"),
+    ]
+
+
+def test_a_turn_whose_first_tokens_differ_is_not_exact(fakes, plan_checker) -> None:
+    """The rest of a kept turn is EXACT only where the prompt also holds the turn's first tokens
+    (covered by another chunk): with them changed, the same rest is moved KV."""
+    history, turn = fakes.filler(27), fakes.tokens(10, band=1)
+    context = span_hashes(fakes.keys.stored_kv, np.concatenate([history, turn]), [27])[0]
+    kept = fakes.entry(turn, base_position=27, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
+    changed = turn.copy()
+    changed[:4] = fakes.filler(4) + 50_000  # other tokens, in no document
+    prompt = np.concatenate([history, changed, fakes.filler(5)])
+    prefixes = chained_prefix_hashes(fakes.keys.stored_kv, prompt, [0, 16, 32])
+    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
+    for entry in [
+        kept,
+        *(
+            fakes.entry(prompt[a : a + 16], base_position=a, prefix=prefixes[i], approximate_ok=False)
+            for i, a in enumerate((0, 16))
+        ),
+    ]:
+        assert store.put(entry)
+    result = plan(fakes, prompt, store)
+    plan_checker(result, prompt)
+    assert [(s.start, s.end, s.kind, s.offset) for s in result.segments if s.entry is kept] == [
+        (32, 37, "approximate", 5)
+    ]
+
+
+def test_a_turn_said_twice_is_exact_where_each_stands(fakes, plan_checker) -> None:
+    """Two kept turns with the same tokens (the same question, the same answer): each is found
+    where it was computed, not the first one moved."""
+    turn = fakes.tokens(12, band=1)
+    prompt = np.concatenate([fakes.filler(10), turn, fakes.filler(8), turn, fakes.filler(5)])
+
+    def kept(base: int):
+        context = span_hashes(fakes.keys.stored_kv, prompt, [base])[0]
+        return fakes.entry(turn, base_position=base, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
+
+    first, second = kept(10), kept(30)
+    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
+    assert store.put(first) and store.put(second)
+    result = plan(fakes, prompt, store)
+    plan_checker(result, prompt)
+    assert [(s.start, s.end, s.kind, s.entry) for s in result.segments if s.entry is not None] == [
+        (10, 22, "exact", first),
+        (30, 42, "exact", second),
+    ]

@@ -60,7 +60,10 @@ def test_exact_only_entries_are_not_indexed_for_approximate_reuse(fakes) -> None
     assert store.window_candidates(window_keys(fakes.doc_fp, entry.tokens, WINDOW)[0]) == []
 
 
-def test_equal_tokens_after_another_prefix_are_kept_for_their_own_chain_only(fakes) -> None:
+def test_equal_tokens_after_another_prefix_never_stand_in_for_the_first_by_content(fakes) -> None:
+    """Their KV differs: a content lookup (a document's next chunk) gets the first entry only;
+    the second is found by its own chain and by its windows (a chat turn said twice, each kept
+    where it stands)."""
     tokens = fakes.tokens(16, band=1)
     first = fakes.entry(tokens, prefix=prefix_hash(fakes.model_fp, None, tokens))
     other_chain = prefix_hash(fakes.model_fp, prefix_hash(fakes.model_fp, None, [1, 2]), tokens)
@@ -69,7 +72,7 @@ def test_equal_tokens_after_another_prefix_are_kept_for_their_own_chain_only(fak
     assert store.put(first) and store.put(second)
     assert torch.equal(store.get_exact(other_chain).keys, second.keys)
     assert store.get_content(first.content_hash) is first
-    assert store.window_candidates(first.window_keys[0]) == [(first, 0)]
+    assert store.window_candidates(first.window_keys[0]) == [(first, 0), (second, 0)]
 
 
 def test_an_entry_over_the_budget_is_not_stored(fakes) -> None:
