@@ -46,7 +46,7 @@ class GrowingLayer(DynamicLayer):
         assert self._key_buffer is not None
         if self._key_buffer.dtype == torch.float32:
             return self.keys
-        if self._float_keys is None or self._float_keys.shape != self._key_buffer.shape:
+        if self._float_keys is None:  # dropped whenever the buffer is replaced
             self._float_keys = torch.empty(self._key_buffer.shape, dtype=torch.float32, device=self._key_buffer.device)
             self._float_length = 0
         if self._float_length < self._length:

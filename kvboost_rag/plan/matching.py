@@ -182,14 +182,15 @@ def _approximate_segments(
             if entry.fingerprint != fingerprint:
                 continue  # an 8-byte window key collided with another key space's
             run = _extend_match(tokens, i, entry, offset, covered, store)
-            new = sum(map(len, _from(run, covered)))
+            beyond = _from(run, covered)
+            new = sum(map(len, beyond))
             # of equal runs, one that stands where it was computed (a chat turn seen twice); a
             # moved run must add a window's worth, a run in place any part (it may be EXACT)
             here = entry.base_position == i - offset
             if sum(map(len, run)) >= window and (new >= window or here) and (new, here) > (gain, placed):
-                best, gain, placed = run, new, here
+                best, gain, placed = beyond, new, here
         if gain:
-            segments += _from(best, covered)
+            segments += best
             covered = best[-1].end
             i = max(i + 1, covered - window + 1)
         else:

@@ -339,22 +339,37 @@ def test_span_hashes_identify_every_token_before_each_end() -> None:
         span_hashes(seed, tokens, [30, 20])
 
 
+def kept_in_place(fakes, sequence: np.ndarray, base: int, end: int):
+    """A chat turn `sequence[base:end]` kept where it was computed, after `sequence[:base]`."""
+    context = span_hashes(fakes.keys.stored_kv, sequence, [base])[0]
+    turn = sequence[base:end]
+    return fakes.entry(turn, base_position=base, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
+
+
+def prompt_chunks(fakes, prompt: np.ndarray, count: int) -> list:
+    """The prompt's first `count` chunks as a request stores them: EXACT-only, by prefix hash."""
+    prefixes = chained_prefix_hashes(fakes.keys.stored_kv, prompt, fixed_boundaries(count * CHUNK, CHUNK))
+    return [
+        fakes.entry(prompt[i * CHUNK : (i + 1) * CHUNK], base_position=i * CHUNK, prefix=prefix, approximate_ok=False)
+        for i, prefix in enumerate(prefixes)
+    ]
+
+
+def store_with(*entries) -> ChunkStore:
+    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
+    for entry in entries:
+        assert store.put(entry)
+    return store
+
+
 def test_the_rest_of_a_turn_kept_in_place_is_exact_after_a_chunk_that_covers_its_start(fakes, plan_checker) -> None:
     """A chat turn kept in place (an in-place key: every token before it) whose first tokens a
     stored prompt chunk covers: its rest is still EXACT, though no indexed window of the turn
     lies wholly in that rest (windows every WINDOW tokens; the rest is offsets 5-10 of 10)."""
     history, turn = fakes.filler(27), fakes.tokens(10, band=1)
     prompt = np.concatenate([history, turn, fakes.filler(5)])
-    context = span_hashes(fakes.keys.stored_kv, prompt, [27])[0]
-    kept = fakes.entry(turn, base_position=27, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
-    prefixes = chained_prefix_hashes(fakes.keys.stored_kv, prompt, [0, 16, 32])
-    chunks = [
-        fakes.entry(prompt[a:b], base_position=a, prefix=prefixes[i], approximate_ok=False)
-        for i, (a, b) in enumerate([(0, 16), (16, 32)])
-    ]
-    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
-    for entry in [kept, *chunks]:
-        assert store.put(entry)
+    kept = kept_in_place(fakes, prompt, 27, 37)
+    store = store_with(kept, *prompt_chunks(fakes, prompt, 2))
     result = plan(fakes, prompt, store)
     plan_checker(result, prompt)
     assert [(s.start, s.end, s.kind, s.offset) for s in result.segments] == [
@@ -374,16 +389,9 @@ def test_overlapping_turns_kept_in_place_after_a_covering_chunk(fakes, plan_chec
     """Two kept turns that overlap, the later-starting one found first: both are EXACT where
     they stand, whatever the order of their bases."""
     tokens = fakes.tokens(44, band=1)
-
-    def kept(base: int, end: int):
-        context = span_hashes(fakes.keys.stored_kv, tokens, [base])[0]
-        turn = tokens[base:end]
-        return fakes.entry(turn, base_position=base, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
-
-    head = chained_prefix_hashes(fakes.keys.stored_kv, tokens, [0, 16])[0]
-    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
-    for entry in [kept(10, 20), kept(3, 40), fakes.entry(tokens[:16], prefix=head, approximate_ok=False)]:
-        assert store.put(entry)
+    store = store_with(
+        kept_in_place(fakes, tokens, 10, 20), kept_in_place(fakes, tokens, 3, 40), *prompt_chunks(fakes, tokens, 1)
+    )
     result = plan(fakes, tokens, store)
     plan_checker(result, tokens)
     assert [(s.start, s.end, s.kind) for s in result.segments] == [
@@ -398,21 +406,11 @@ def test_a_turn_whose_first_tokens_differ_is_not_exact(fakes, plan_checker) -> N
     """The rest of a kept turn is EXACT only where the prompt also holds the turn's first tokens
     (covered by another chunk): with them changed, the same rest is moved KV."""
     history, turn = fakes.filler(27), fakes.tokens(10, band=1)
-    context = span_hashes(fakes.keys.stored_kv, np.concatenate([history, turn]), [27])[0]
-    kept = fakes.entry(turn, base_position=27, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
+    kept = kept_in_place(fakes, np.concatenate([history, turn]), 27, 37)
     changed = turn.copy()
     changed[:4] = fakes.filler(4) + 50_000  # other tokens, in no document
     prompt = np.concatenate([history, changed, fakes.filler(5)])
-    prefixes = chained_prefix_hashes(fakes.keys.stored_kv, prompt, [0, 16, 32])
-    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
-    for entry in [
-        kept,
-        *(
-            fakes.entry(prompt[a : a + 16], base_position=a, prefix=prefixes[i], approximate_ok=False)
-            for i, a in enumerate((0, 16))
-        ),
-    ]:
-        assert store.put(entry)
+    store = store_with(kept, *prompt_chunks(fakes, prompt, 2))
     result = plan(fakes, prompt, store)
     plan_checker(result, prompt)
     assert [(s.start, s.end, s.kind, s.offset) for s in result.segments if s.entry is kept] == [
@@ -425,15 +423,8 @@ def test_a_turn_said_twice_is_exact_where_each_stands(fakes, plan_checker) -> No
     where it was computed, not the first one moved."""
     turn = fakes.tokens(12, band=1)
     prompt = np.concatenate([fakes.filler(10), turn, fakes.filler(8), turn, fakes.filler(5)])
-
-    def kept(base: int):
-        context = span_hashes(fakes.keys.stored_kv, prompt, [base])[0]
-        return fakes.entry(turn, base_position=base, prefix=in_place_key(context, content_hash(DOC_FP, turn)))
-
-    first, second = kept(10), kept(30)
-    store = ChunkStore(budget_bytes=1 << 22, match_window=WINDOW)
-    assert store.put(first) and store.put(second)
-    result = plan(fakes, prompt, store)
+    first, second = kept_in_place(fakes, prompt, 10, 22), kept_in_place(fakes, prompt, 30, 42)
+    result = plan(fakes, prompt, store_with(first, second))
     plan_checker(result, prompt)
     assert [(s.start, s.end, s.kind, s.entry) for s in result.segments if s.entry is not None] == [
         (10, 22, "exact", first),
