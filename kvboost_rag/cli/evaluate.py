@@ -27,6 +27,9 @@ def eval_command(
     doc_passages: Annotated[
         int, typer.Option(help="passages per document: >1 joins neighbouring passages into long documents")
     ] = 1,
+    warm_neighbours: Annotated[
+        int, typer.Option(help="warm each document after its N nearest corpus documents (FusionRAG); 0: alone")
+    ] = 0,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[str, typer.Option(help="comma list of variants (see eval/variants.py)")] = (
@@ -112,6 +115,14 @@ def eval_command(
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
         retrieved = retrieve_documents(examples, chosen, k, doc_passages)
         passages_for = lambda i: list(retrieved[i])  # noqa: E731
+    neighbours_for = None
+    if warm_neighbours:
+        if use_ctxs or warm_neighbours < 0:
+            raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs) and N >= 0")
+        from ..eval.retrieval import neighbour_documents
+
+        nearest = neighbour_documents(examples, warm_neighbours, doc_passages)
+        neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
     template_text = TEMPLATE
     if template:
         template_text = Path(template).read_text() if Path(template).is_file() else template
@@ -123,6 +134,7 @@ def eval_command(
         k=k,
         retrieval="ctxs" if use_ctxs else "faiss",
         passages_per_document=1 if use_ctxs else doc_passages,
+        warm_neighbours=warm_neighbours,
         seed=seed,
         model=engine.name,
         dtype=str(engine.dtype),
@@ -145,8 +157,10 @@ def eval_command(
         max_new_tokens=max_new_tokens,
         progress=lambda it: tqdm(it, desc=f"eval k={k}", unit="q"),
         settings=settings,
+        neighbours_for=neighbours_for,
     )
     typer.echo(format_table(report))
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
+    stem += f"_nb{warm_neighbours}" if warm_neighbours else ""
     paths = write(report, out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -138,16 +138,24 @@ class KVBoostRAG:
         )
 
     # documents ---------------------------------------------------------------------------
-    def warm(self, documents: str | Iterable[str], *, pin: bool = False) -> WarmReport:
-        """Encode each document alone, in one pass, and store it chunk by chunk.
+    def warm(
+        self,
+        documents: str | Iterable[str],
+        *,
+        pin: bool = False,
+        neighbours: Sequence[Sequence[str]] | None = None,
+    ) -> WarmReport:
+        """Encode each document in one pass and store it chunk by chunk.
 
         A document already warm is skipped without any model work. `pin` keeps its chunks in
-        memory whatever the budget asks.
+        memory whatever the budget asks. `neighbours[i]` (optional): texts encoded before
+        document i, such as its nearest documents in the user's index, so its KV has seen what
+        it is usually retrieved with; only the document's own KV is kept.
         """
         texts = check_documents(documents)  # all of them, before the store or the model is touched
         if not self._settings_recorded:
             self._settings_recorded = record_settings(self.store, self.fingerprint, self.config)
-        return self._warmer.warm(texts, pin=pin)
+        return self._warmer.warm(texts, pin=pin, neighbours=neighbours)
 
     # generation --------------------------------------------------------------------------
     def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,22 +58,30 @@ class Warmer:
         self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prefix_lock = threading.Lock()
 
-    def warm(self, documents: str | Iterable[str], *, pin: bool = False) -> WarmReport:
+    def warm(
+        self,
+        documents: str | Iterable[str],
+        *,
+        pin: bool = False,
+        neighbours: Sequence[Sequence[str]] | None = None,
+    ) -> WarmReport:
         """A document already warm is skipped without any model work. `pin` keeps its chunks in
-        memory whatever the budget asks."""
+        memory whatever the budget asks. `neighbours[i]`: texts encoded before document i, as
+        they would stand before it in a prompt (FusionRAG); only the document's KV is kept."""
         started = time.perf_counter()
         texts = [documents] if isinstance(documents, str) else list(documents)
         tokenized = [self.document_tokens(i, text) for i, text in enumerate(texts)]
+        contexts = self.context_tokens(neighbours, tokenized)
         report = WarmReport(documents=len(texts))
         errors_before = self.store.tier_errors
-        for tokens in tokenized:
+        for tokens, context in zip(tokenized, contexts):
             doc_key = document_hash(self.keys.document, tokens)
             with self.store.serving():  # one document's chunks never evict each other
                 if self.store.has_document(doc_key):
                     report.skipped_documents += 1
                 else:
-                    report.chunks_stored += self.encode_document(doc_key, tokens)
-                    report.tokens_encoded += len(tokens)
+                    report.chunks_stored += self.encode_document(doc_key, tokens, context)
+                    report.tokens_encoded += len(context) + len(tokens)
             if pin:
                 self.store.pin_document(doc_key)
         report.store_errors = self.store.tier_errors - errors_before
@@ -90,18 +98,48 @@ class Warmer:
             raise ValueError(f"{name} has {len(tokens)} tokens, over the context window of {self.max_context}")
         return tokens
 
-    def encode_document(self, doc_key: bytes, tokens: np.ndarray) -> int:
-        """One pass over the document after the warm prefix; the prefix's own KV is not kept."""
+    def context_tokens(
+        self, neighbours: Sequence[Sequence[str]] | None, documents: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """Each document's neighbours as tokens, each followed by the prompt's blank line; the
+        farthest (first) are left out where they and the document would pass the window."""
+        empty = np.zeros(0, np.int64)
+        if neighbours is None:
+            return [empty] * len(documents)
+        if isinstance(neighbours, str) or len(neighbours) != len(documents):
+            raise ValueError("neighbours needs one list of texts per document")
+        room = self.max_context - len(self.prefix_tokens)
+        contexts = []
+        for i, (texts, tokens) in enumerate(zip(neighbours, documents)):
+            if isinstance(texts, str):
+                raise ValueError(f"neighbours[{i}] must be a list of texts, not one text")
+            parts = [self.document_tokens(i, text) for text in texts]
+            parts = [np.concatenate([part, self.separator]) for part in parts]
+            while parts and sum(map(len, parts)) + len(tokens) > room:
+                parts.pop(0)
+            contexts.append(np.concatenate(parts) if parts else empty)
+        return contexts
+
+    @property
+    def separator(self) -> np.ndarray:
+        """The tokens between two documents of a prompt (a blank line)."""
+        return np.asarray(self.tokenizer("\n\n", add_special_tokens=False).input_ids, np.int64)
+
+    def encode_document(self, doc_key: bytes, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
+        """One pass over the document after the warm prefix and its `context` (neighbours); only
+        the document's KV is kept."""
         prefix_keys, prefix_values = self.prefix_kv()
-        start = prefix_keys.shape[2]
+        context = np.zeros(0, np.int64) if context is None else context
+        start = prefix_keys.shape[2] + len(context)
         cache = make_cache(prefix_keys, prefix_values)
-        ids = torch.from_numpy(tokens).to(self.device)
+        ids = torch.from_numpy(np.concatenate([context, tokens])).to(self.device)
         with self.model_lock:
-            forward_last_logits(self.model, ids, torch.arange(start, start + len(tokens), device=self.device), cache)
+            positions = torch.arange(prefix_keys.shape[2], start + len(tokens), device=self.device)
+            forward_last_logits(self.model, ids, positions, cache)
         keys, values = stacked_kv(cache)
         cuts = self.boundaries(tokens)
-        # NOTE: after a warm prefix the chunks' context is not the document alone, so they are
-        # APPROXIMATE candidates only; without one, a prompt starting with the document hits EXACT.
+        # NOTE: after a warm prefix or neighbours the chunks' context is not the document alone, so
+        # they are APPROXIMATE candidates only; without, a prompt starting with the document hits EXACT.
         prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, cuts) if start == 0 else None
         kv = keys[:, :, start:], values[:, :, start:]
         return self.store_document(doc_key, tokens, cuts, self.contents(tokens, cuts), kv, start, prefixes)

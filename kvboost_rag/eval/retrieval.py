@@ -90,6 +90,16 @@ class PassageIndex:
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         return PassageIndex(documents, vectors.astype(np.float32), self._embedder)
 
+    def neighbours(self, count: int) -> dict[str, list[str]]:
+        """Each passage's `count` nearest other passages (as documents, the nearest last): the
+        context FusionRAG-style warming encodes before it."""
+        _, ids = self._index.search(self._embeddings, min(len(self.passages), count + 1))
+        found = {}
+        for i, row in enumerate(ids):
+            others = [int(j) for j in row if j >= 0 and j != i][:count]
+            found[self.passages[i].as_document()] = [self.passages[j].as_document() for j in reversed(others)]
+        return found
+
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -105,6 +115,11 @@ def retrieve_documents(
     with `passages_per_document` > 1, top-k documents of that many neighbouring passages."""
     index = PassageIndex.build(corpus(corpus_of)).grouped(passages_per_document)
     return [[p.as_document() for p in row] for row in index.search([q.question for q in questions], k)]
+
+
+def neighbour_documents(corpus_of: list[QAExample], count: int, passages_per_document: int = 1) -> dict[str, list[str]]:
+    """Every corpus document's `count` nearest documents, nearest last (see `PassageIndex.neighbours`)."""
+    return PassageIndex.build(corpus(corpus_of)).grouped(passages_per_document).neighbours(count)
 
 
 def sample_nq(count: int, k: int, seed: int) -> tuple[list[QAExample], list[list[str]]]:

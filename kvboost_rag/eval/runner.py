@@ -134,6 +134,7 @@ def run_eval(
     max_new_tokens: int = 32,
     progress: Callable[[Iterable[int]], Iterable[int]] = lambda it: it,
     settings: dict[str, Any] | None = None,
+    neighbours_for: Callable[[str], list[str]] | None = None,
 ) -> EvalReport:
     """Answer every example with every variant; `passages_for(i)` gives example i's documents."""
     if not variants or variants[0].mode != "full":
@@ -141,11 +142,11 @@ def run_eval(
     report = EvalReport(settings=dict(settings or {}))
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
     if examples:
-        warm_template_head(engine, passages_for(0)[0], template, chat)
+        warm_template_head(engine, passages_for(0)[0], template, chat, neighbours_for)
     for i in progress(range(len(examples))):
         example = examples[i]
         documents = passages_for(i)
-        engine.warm(documents)
+        engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
         documents = fitting_documents(engine, example.question, documents, template, chat, max_new_tokens)
         random.Random(f"{seed}:{i}").shuffle(documents)
         prompt = rag_prompt(example.question, documents, template, chat)
@@ -160,13 +161,19 @@ def run_eval(
     return report
 
 
-def warm_template_head(engine: KVBoostRAG, document: str, template: str = TEMPLATE, chat: bool = True) -> None:
+def warm_template_head(
+    engine: KVBoostRAG,
+    document: str,
+    template: str = TEMPLATE,
+    chat: bool = True,
+    neighbours_for: Callable[[str], list[str]] | None = None,
+) -> None:
     """One request on the template, so its head (system prompt and opening, before the first
     document) is cached as a user's first request leaves it; every prompt of the run opens with
     it. Its question is a placeholder, too short a tail to be kept for later prompts."""
     if not engine.reuse_supported:
         return
-    engine.warm([document])
+    engine.warm([document], neighbours=[neighbours_for(document)] if neighbours_for else None)
     engine.generate(rag_prompt("?", [document], template, chat), max_new_tokens=1, mode="reuse", store_prompt=True)
 
 
