@@ -21,7 +21,7 @@ from langchain_kvboost import ChatKVBoost, KVBoostRetrievalWarmer, warm_document
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
-from kvboost_rag.eval.retrieval import default_embedder_path
+from kvboost_rag.neighbours import default_embedder_path
 
 PROMPT = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)])  # the eval's prompt
 

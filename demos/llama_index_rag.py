@@ -29,7 +29,7 @@ from llama_index.vector_stores.faiss import FaissVectorStore
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
-from kvboost_rag.eval.retrieval import default_embedder_path
+from kvboost_rag.neighbours import default_embedder_path
 
 # The eval's prompt, with LlamaIndex's names for the retrieved text and the question.
 QA_TEMPLATE = ChatPromptTemplate(

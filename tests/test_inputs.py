@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -199,3 +200,33 @@ def test_warm_cli_fail_fast_stops_at_the_first_bad_file(
     assert result.stderr.count("error:") == 1 and "b_bad_json.jsonl: line 2" in result.stderr
     assert "1 file failed" in result.stderr and "Traceback" not in result.output
     assert not (store / "kv").exists() or DiskStore(store, 16).stats() == [], "stopped before warming"
+
+
+def test_warm_cli_warms_each_document_after_its_nearest(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    from kvboost_rag import EngineConfig
+    from kvboost_rag.neighbours import embed, nearest_others
+    from kvboost_rag.plan.keys import content_hash
+
+    documents = passages[:5]
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents))
+    store = tmp_path / "store"
+    result = _warm(folder, store, tiny_model_dir, "--neighbours", "2")
+    assert result.exit_code == 0, result.output
+    assert "5 warmed" in result.stdout
+    engine = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", config=EngineConfig(store=str(store)))
+
+    def tokens(text: str) -> np.ndarray:
+        return np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, np.int64)
+
+    nearest = nearest_others(embed(documents), 2)
+    for document, others in zip(documents, nearest):
+        context = sum(len(tokens(documents[j])) + len(tokens("\n\n")) for j in others)
+        ids = tokens(document)
+        entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
+        assert entry is not None and entry.base_position == context, "encoded after its two nearest"
+    refused = _warm(folder, store, tiny_model_dir, "--neighbours", "-1")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output

@@ -52,6 +52,14 @@ def warm(
     disk_budget: Annotated[
         str | None, typer.Option(help="the most the store may hold, e.g. 20GiB (least recently used go first)")
     ] = None,
+    neighbours: Annotated[
+        int,
+        typer.Option(
+            help="encode each document after its N nearest documents of the run (FusionRAG): KV closer "
+            "to full prefill's, (N+1)x the warming work; 0: each alone",
+            min=0,
+        ),
+    ] = 0,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
 ) -> None:
     """Pre-warm documents into the persistent chunk store. Idempotent and resumable: documents
@@ -93,14 +101,15 @@ def warm(
     if not documents:
         failures.exit()
         raise typer.BadParameter("no documents found in " + ", ".join(map(str, paths)))
+    nearest = _nearest_documents([text for _, _, text in documents], neighbours)
     engine = KVBoostRAG.from_pretrained(model, dtype=dtype, config=config)
     skipped = chunks = store_errors = 0
     # Progress in characters: proportional to the work, without tokenizing every document twice.
     total = sum(len(text) for _, _, text in documents)
     with tqdm(total=total, unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
-        for path, where, text in documents:
+        for i, (path, where, text) in enumerate(documents):
             try:
-                report = engine.warm(text)
+                report = engine.warm(text, neighbours=[nearest[i]] if neighbours else None)
             except (StoreSettingsError, StoreVersionError):
                 raise  # the store's, not the document's: no use going on
             except (ValueError, TypeError) as error:  # refused before any model work: nothing stored
@@ -122,3 +131,27 @@ def warm(
     if store_errors:
         typer.echo(f"{store_errors} writes to the store failed (warnings above): those chunks were not kept", err=True)
     failures.exit()
+
+
+def _nearest_documents(texts: list[str], count: int) -> list[list[str]]:
+    """Each text's `count` nearest texts by the bundled embedder, nearest last. A text that is not
+    valid Unicode is nobody's neighbour: warming it reports it."""
+    if not count:
+        return [[] for _ in texts]
+    from ..neighbours import embed, nearest_others
+
+    valid = [i for i, text in enumerate(texts) if text.strip() and _encodable(text)]
+    typer.echo(f"finding each document's {count} nearest among {len(valid)}", err=True)
+    found = nearest_others(embed([texts[i] for i in valid]), count)
+    nearest: list[list[str]] = [[] for _ in texts]
+    for i, others in zip(valid, found):
+        nearest[i] = [texts[valid[j]] for j in others]
+    return nearest
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -147,10 +147,10 @@ class KVBoostRAG:
     ) -> WarmReport:
         """Encode each document in one pass and store it chunk by chunk.
 
-        A document already warm is skipped without any model work. `pin` keeps its chunks in
-        memory whatever the budget asks. `neighbours[i]` (optional): texts encoded before
-        document i, such as its nearest documents in the user's index, so its KV has seen what
-        it is usually retrieved with; only the document's own KV is kept.
+        A document already warm (however it was warmed) is skipped without any model work. `pin`
+        keeps its chunks in memory whatever the budget asks. `neighbours[i]` (optional): texts
+        encoded before document i, such as its nearest documents in the user's index, so its KV
+        has seen what it is usually retrieved with (FusionRAG); only the document's own KV is kept.
         """
         texts = check_documents(documents)  # all of them, before the store or the model is touched
         if not self._settings_recorded:

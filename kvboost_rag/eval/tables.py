@@ -18,13 +18,18 @@ from .report import COLUMNS
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # The eval results the top-level README's headline table reads: the engine's defaults at k=5, k=10
-# on 500 questions, then the frontier runs (more variants, fewer questions) up to long documents.
+# on 500 questions, each beside the same with neighbour-aware warming (nb4), then the frontier runs
+# (more variants, fewer questions) up to long documents.
 HEADLINE_FILES = (
     "frontier/eval_k5_n500.json",
+    "frontier/eval_k5_n500_nb4.json",
     "frontier/eval_k10_n500.json",
+    "frontier/eval_k10_n100.json",
+    "frontier/eval_k10_n100_nb4.json",
     "frontier/eval_k5_n30.json",
     "frontier/eval_k10_n20.json",
     "frontier/eval_k20_n24.json",
+    "frontier/eval_k20_n24_nb4.json",
     "frontier/eval_k10_n5_docs4.json",
 )
 HEADLINE_VARIANTS = ("full", "cacheblend", "default", "exact")
@@ -426,6 +431,8 @@ def _prompts(data: dict[str, Any]) -> str:
     settings, full = data["settings"], data["summary"]["full"]
     joined = settings.get("passages_per_document", 1)
     documents = f"k={settings['k']}" + (f" x {joined} passages" if joined > 1 else "")
+    neighbours = settings.get("warm_neighbours", 0)
+    documents += f", warmed after {neighbours} neighbours" if neighbours else ""
     dtype = _dtype(data)
     return f"{documents}, ~{full.get('prompt_tokens_median', 0):,.0f} tok, n={full['questions']:.0f}" + (
         f", {dtype}" if dtype else ""

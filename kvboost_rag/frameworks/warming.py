@@ -7,18 +7,24 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..engine import KVBoostRAG, WarmReport
 
 
-def warm_quietly(engine: KVBoostRAG, texts: Iterable[str], **kwargs: Any) -> WarmReport:
+def warm_quietly(
+    engine: KVBoostRAG,
+    texts: Iterable[str],
+    neighbours: Callable[[str], Sequence[str]] | None = None,
+    **kwargs: Any,
+) -> WarmReport:
     """Warm each non-blank text on its own; a text that fails becomes a warning, not an error.
 
     Hooks call this inside the user's pipeline (retrieval, ingestion), which warming must never
     fail, and one bad document must not cost the others their warming: a document that cannot be
-    warmed is simply computed when a prompt holds it.
+    warmed is simply computed when a prompt holds it. `neighbours(text)`: the texts to warm it
+    after (its nearest documents, FusionRAG), from the user's index.
     """
     started = time.perf_counter()
     total = WarmReport()
@@ -26,6 +32,8 @@ def warm_quietly(engine: KVBoostRAG, texts: Iterable[str], **kwargs: Any) -> War
         try:
             if not text.strip():
                 continue
+            if neighbours is not None:
+                kwargs["neighbours"] = [[n for n in neighbours(text) if n.strip()]]
             report = engine.warm(text, **kwargs)
         except Exception as error:  # noqa: BLE001 - never fail the user's chain
             warnings.warn(f"kvboost-rag could not warm a document: {error}", stacklevel=3)

@@ -101,7 +101,7 @@ class ChatKVBoost(EngineFields, BaseChatModel):
                 usage_metadata=usage_metadata(result),  # type: ignore[arg-type]
                 response_metadata=response_metadata(result, self.model_label),
                 chunk_position="last",
-            )
+            ),
         )
 
 

@@ -6,17 +6,40 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.documents import Document
+from langchain_core.vectorstores import VectorStore
 
 from kvboost_rag import KVBoostRAG, WarmReport
 from kvboost_rag.frameworks.warming import warm_quietly
 
 
-def warm_documents(engine: KVBoostRAG, documents: Sequence[Document], **kwargs: Any) -> WarmReport:
+def warm_documents(
+    engine: KVBoostRAG,
+    documents: Sequence[Document],
+    *,
+    vectorstore: VectorStore | None = None,
+    neighbours: int = 0,
+    **kwargs: Any,
+) -> WarmReport:
     """Warm each document's page_content; call it where documents go into a vector store:
 
         vectorstore.add_documents(chunks)
-        warm_documents(engine, chunks)
+        warm_documents(engine, chunks, vectorstore=vectorstore, neighbours=4)
 
-    A document that cannot be warmed becomes a warning: warming must never fail ingestion.
+    With `neighbours` (and the `vectorstore` they are searched in), each document is encoded
+    after its nearest documents there, as it will stand among them in prompts (FusionRAG): its
+    reused KV is then closer to full prefill's, at (neighbours + 1)x the warming work. A document
+    that cannot be warmed becomes a warning: warming must never fail ingestion.
     """
-    return warm_quietly(engine, (d.page_content for d in documents), **kwargs)
+    if neighbours < 0:
+        raise ValueError(f"neighbours must be >= 0, got {neighbours}")
+    if neighbours and vectorstore is None:
+        raise ValueError("neighbours are searched in a vector store: pass vectorstore=")
+    nearest = None
+    if neighbours and vectorstore is not None:
+        store = vectorstore
+
+        def nearest(text: str) -> list[str]:
+            found = store.similarity_search(text, k=neighbours + 1)
+            return [d.page_content for d in found if d.page_content != text][:neighbours][::-1]
+
+    return warm_quietly(engine, (d.page_content for d in documents), nearest, **kwargs)

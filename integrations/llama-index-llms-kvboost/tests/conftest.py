@@ -16,7 +16,7 @@ from llama_index.vector_stores.faiss import FaissVectorStore
 
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.data import load_qa
-from kvboost_rag.eval.retrieval import default_embedder_path
+from kvboost_rag.neighbours import default_embedder_path
 
 
 @pytest.fixture(scope="session")

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.llms import MockLLM
-from llama_index.core.schema import NodeWithScore
+from llama_index.core.schema import BaseNode, NodeWithScore
 from llama_index.llms.kvboost import (
     KVBoostLLM,
     KVBoostResultRecorder,
@@ -71,6 +73,56 @@ def test_ingestion_warming_makes_the_first_query_reuse_its_documents(
     (result,) = recorder.results
     assert len(response.source_nodes) == top_k
     assert result["reused_approximate_tokens"] >= 0.8 * document_tokens(engine, response.source_nodes)
+
+
+class SeeingWarmTransformation(KVBoostWarmTransformation):
+    """The transformation, keeping the nodes it was given."""
+
+    seen: list[Any] = Field(default_factory=list, exclude=True)
+
+    def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
+        self.seen.extend(nodes)
+        return super().__call__(nodes, **kwargs)
+
+
+def test_ingestion_warms_each_node_after_its_nearest_nodes(
+    engine: KVBoostRAG,
+    build_query_engine: Callable[..., Any],
+    embed_model: Any,
+    nq_questions: list[str],
+    recorder: KVBoostResultRecorder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    contexts: dict[str, list[str]] = {}
+    warm = engine.warm
+
+    def recording(text: str, **kwargs: Any) -> Any:
+        contexts[text] = kwargs["neighbours"][0]
+        return warm(text, **kwargs)
+
+    monkeypatch.setattr(engine, "warm", recording)
+    keep = SeeingWarmTransformation(engine=engine, neighbours=2)
+    query_engine = build_query_engine(KVBoostLLM(engine=engine, max_tokens=8), ingestion=[embed_model, keep])
+    assert engine.store.stats().documents == 12
+    seen = keep.seen
+    vectors = np.asarray([n.embedding for n in seen])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    for i, node in enumerate(seen):
+        order = [j for j in np.argsort(-(vectors @ vectors[i])) if j != i][:2]
+        assert contexts[node_text(node)] == [node_text(seen[j]) for j in order[::-1]], "the two nearest, nearest last"
+    response = query_engine.query(nq_questions[3])
+    (result,) = recorder.results
+    assert result["reused_approximate_tokens"] >= 0.8 * document_tokens(engine, response.source_nodes)
+
+
+def test_neighbours_before_the_embed_model_warn_and_warm_alone(
+    engine: KVBoostRAG, build_query_engine: Callable[..., Any]
+) -> None:
+    with pytest.warns(UserWarning, match="after the embed model"):
+        build_query_engine(
+            KVBoostLLM(engine=engine, max_tokens=4), [KVBoostWarmTransformation(engine=engine, neighbours=2)]
+        )
+    assert engine.store.stats().documents == 12
 
 
 def test_retrieval_warming_works_when_ingestion_did_not(

@@ -15,7 +15,7 @@ from langchain_huggingface import HuggingFaceEmbeddings
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
-from kvboost_rag.eval.retrieval import default_embedder_path
+from kvboost_rag.neighbours import default_embedder_path
 from tests.integration_tests._shared import shared_engine
 
 PROMPT = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)])  # the eval's prompt

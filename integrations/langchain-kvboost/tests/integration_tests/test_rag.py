@@ -51,6 +51,36 @@ def test_ingestion_warming_makes_the_first_query_reuse_its_documents(
     assert cache_read(answer) >= 0.8 * document_tokens(engine, retrieved)
 
 
+def test_ingestion_warms_each_document_after_its_nearest_in_the_vector_store(
+    engine: KVBoostRAG,
+    build_chain: ChainFactory,
+    vectorstore: FAISS,
+    nq_documents: list[Document],
+    nq_questions: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    contexts: dict[str, list[str]] = {}
+    warm = engine.warm
+
+    def recording(text: str, **kwargs: object) -> object:
+        contexts[text] = kwargs["neighbours"][0]  # type: ignore[index]
+        return warm(text, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "warm", recording)
+    report = warm_documents(engine, nq_documents, vectorstore=vectorstore, neighbours=2)
+    assert report.encoded_documents == len(nq_documents)
+    for document in nq_documents:
+        nearest = [d.page_content for d in vectorstore.similarity_search(document.page_content, k=3)]
+        assert nearest[0] == document.page_content
+        assert contexts[document.page_content] == nearest[1:][::-1], "the two nearest, the nearest last"
+    assert report.tokens_encoded > 2.5 * document_tokens(engine, nq_documents)
+    retrieved = vectorstore.as_retriever(search_kwargs={"k": 3}).invoke(nq_questions[3])
+    answer = build_chain(ChatKVBoost(engine=engine, max_tokens=8)).invoke(nq_questions[3])
+    assert cache_read(answer) >= 0.8 * document_tokens(engine, retrieved)
+    with pytest.raises(ValueError, match="vectorstore="):
+        warm_documents(engine, nq_documents, neighbours=2)
+
+
 def test_retrieval_warming_works_when_ingestion_did_not(
     engine: KVBoostRAG, build_chain: ChainFactory, vectorstore: FAISS, nq_questions: list[str]
 ) -> None:

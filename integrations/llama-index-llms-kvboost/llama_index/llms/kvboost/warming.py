@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
@@ -15,6 +17,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.frameworks.warming import warm_quietly
+from kvboost_rag.neighbours import nearest_others
 
 
 def node_text(node: BaseNode) -> str:
@@ -28,20 +31,41 @@ class KVBoostWarmTransformation(TransformComponent):
         IngestionPipeline(transformations=[SentenceSplitter(), KVBoostWarmTransformation(engine=engine),
                                            embed_model], vector_store=vector_store)
 
-    Place it after the splitter, so it warms the nodes that retrieval will return. A node that
+    Place it after the splitter, so it warms the nodes that retrieval will return. With
+    `neighbours=N`, place it after the embed model too: each node is then encoded after its N
+    nearest nodes of the batch by embedding, as it will stand among them in prompts (FusionRAG),
+    so its reused KV is closer to full prefill's, at (N + 1)x the warming work. A node that
     cannot be warmed becomes a warning: warming never fails ingestion.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     engine: KVBoostRAG = Field(exclude=True)
+    neighbours: int = Field(default=0, ge=0, description="nearest nodes each node is warmed after")
 
     @classmethod
     def class_name(cls) -> str:
         return "KVBoostWarmTransformation"
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
-        warm_quietly(self.engine, (node_text(n) for n in nodes))
+        texts = [node_text(n) for n in nodes]
+        warm_quietly(self.engine, texts, self._nearest(nodes, texts))
         return nodes
+
+    def _nearest(self, nodes: Sequence[BaseNode], texts: list[str]) -> Callable[[str], list[str]] | None:
+        """Each text's nearest texts in the batch by the nodes' embeddings; None (with a warning)
+        where a node has none yet, so the nodes are warmed alone."""
+        if not self.neighbours or len(nodes) < 2:
+            return None
+        if any(n.embedding is None for n in nodes):
+            warnings.warn(
+                "KVBoostWarmTransformation(neighbours=...) needs embedded nodes: place it after the "
+                "embed model; warming each node alone",
+                stacklevel=3,
+            )
+            return None
+        nearest = nearest_others(np.asarray([n.embedding for n in nodes], np.float32), self.neighbours)
+        by_text = {text: [texts[j] for j in others] for text, others in zip(texts, nearest)}
+        return lambda text: by_text.get(text, [])
 
 
 class KVBoostRetrievalWarmer(BaseEventHandler):

