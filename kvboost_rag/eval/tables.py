@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config import RepairConfig
 from .report import COLUMNS
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
@@ -433,6 +435,8 @@ def _prompts(data: dict[str, Any]) -> str:
     documents = f"k={settings['k']}" + (f" x {joined} passages" if joined > 1 else "")
     neighbours = settings.get("warm_neighbours", 0)
     documents += f", warmed after {neighbours} neighbours" if neighbours else ""
+    rho = re.search(r"rho=([0-9.]+)", str(settings.get("repair", "")))
+    documents += f", rho {rho.group(1)}" if rho and float(rho.group(1)) != RepairConfig().rho else ""
     dtype = _dtype(data)
     return f"{documents}, ~{full.get('prompt_tokens_median', 0):,.0f} tok, n={full['questions']:.0f}" + (
         f", {dtype}" if dtype else ""
