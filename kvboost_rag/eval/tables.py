@@ -25,6 +25,7 @@ HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->
 HEADLINE_FILES = (
     "frontier/eval_k5_n500.json",
     "frontier/eval_k5_n500_nb4.json",
+    "frontier/eval_k5_n500_nb4_rho005.json",
     "frontier/eval_k10_n500.json",
     "frontier/eval_k10_n100.json",
     "frontier/eval_k10_n100_nb4.json",
