@@ -109,19 +109,18 @@ def eval_command(
     if use_ctxs:
         passages_for = lambda i: [p.as_document() for p in chosen[i].passages[:k]]  # noqa: E731
     else:
-        from ..eval.retrieval import retrieve_documents
+        from ..eval.retrieval import corpus_index, retrieve_documents
 
         if doc_passages < 1:
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
-        retrieved = retrieve_documents(examples, chosen, k, doc_passages)
+        index = corpus_index(examples, doc_passages)
+        retrieved = retrieve_documents(index, chosen, k)
         passages_for = lambda i: list(retrieved[i])  # noqa: E731
     neighbours_for = None
     if warm_neighbours:
         if use_ctxs or warm_neighbours < 0:
             raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs) and N >= 0")
-        from ..eval.retrieval import neighbour_documents
-
-        nearest = neighbour_documents(examples, warm_neighbours, doc_passages)
+        nearest = index.neighbours(warm_neighbours)
         neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
     template_text = TEMPLATE
     if template:

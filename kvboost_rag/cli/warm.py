@@ -150,8 +150,11 @@ def _nearest_documents(texts: list[str], count: int) -> list[list[str]]:
 
 
 def _encodable(text: str) -> bool:
+    """Whether warming can take the text (`check_text`, which warming itself applies)."""
+    from ..engine.inputs import check_text
+
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+        check_text(text, "text")
+    except ValueError:
         return False
     return True

@@ -95,18 +95,19 @@ class PassageIndex:
         return [[self.passages[i] for i in row if i >= 0] for row in ids]
 
 
+def corpus_index(corpus_of: list[QAExample], passages_per_document: int = 1) -> PassageIndex:
+    """The index of every passage of `corpus_of`, joined `passages_per_document` to a document."""
+    return PassageIndex.build(corpus(corpus_of)).grouped(passages_per_document)
+
+
 def retrieve_documents(
-    corpus_of: list[QAExample], questions: list[QAExample], k: int, passages_per_document: int = 1
+    corpus_of: list[QAExample] | PassageIndex, questions: list[QAExample], k: int, passages_per_document: int = 1
 ) -> list[list[str]]:
-    """Top-k passages (as prompt documents) for each question, from all passages of `corpus_of`;
-    with `passages_per_document` > 1, top-k documents of that many neighbouring passages."""
-    index = PassageIndex.build(corpus(corpus_of)).grouped(passages_per_document)
+    """Top-k passages (as prompt documents) for each question, from all passages of `corpus_of`
+    (or its index); with `passages_per_document` > 1, top-k documents of that many neighbouring
+    passages."""
+    index = corpus_of if isinstance(corpus_of, PassageIndex) else corpus_index(corpus_of, passages_per_document)
     return [[p.as_document() for p in row] for row in index.search([q.question for q in questions], k)]
-
-
-def neighbour_documents(corpus_of: list[QAExample], count: int, passages_per_document: int = 1) -> dict[str, list[str]]:
-    """Every corpus document's `count` nearest documents, nearest last (see `PassageIndex.neighbours`)."""
-    return PassageIndex.build(corpus(corpus_of)).grouped(passages_per_document).neighbours(count)
 
 
 def sample_nq(count: int, k: int, seed: int) -> tuple[list[QAExample], list[list[str]]]:

@@ -34,12 +34,9 @@ def warm_documents(
         raise ValueError(f"neighbours must be >= 0, got {neighbours}")
     if neighbours and vectorstore is None:
         raise ValueError("neighbours are searched in a vector store: pass vectorstore=")
-    nearest = None
-    if neighbours and vectorstore is not None:
-        store = vectorstore
 
-        def nearest(text: str) -> list[str]:
-            found = store.similarity_search(text, k=neighbours + 1)
-            return [d.page_content for d in found if d.page_content != text][:neighbours][::-1]
+    def nearest(text: str) -> list[str]:
+        found = vectorstore.similarity_search(text, k=neighbours + 1)  # type: ignore[union-attr]
+        return [d.page_content for d in found if d.page_content != text][:neighbours][::-1]
 
-    return warm_quietly(engine, (d.page_content for d in documents), nearest, **kwargs)
+    return warm_quietly(engine, (d.page_content for d in documents), nearest if neighbours else None, **kwargs)
