@@ -27,6 +27,7 @@ HEADLINE_FILES = (
     "frontier/eval_k5_n500_nb4.json",
     "frontier/eval_k5_n500_nb4_rho005.json",
     "frontier/eval_k10_n500.json",
+    "frontier/eval_k10_n500_nb4_rho005.json",
     "frontier/eval_k10_n100.json",
     "frontier/eval_k10_n100_nb4.json",
     "frontier/eval_k5_n30.json",
@@ -380,8 +381,23 @@ def retrieval_nq(data: dict[str, Any]) -> str:
     )
 
 
+def step_rows(data: dict[str, Any]) -> str:
+    """A pass over a RAG prompt's cache against its query rows: the price of repair on decode steps."""
+    columns: list[Column] = [
+        ("query rows", get("rows"), "{}"),
+        ("pass", get("pass_ms"), "{:.1f} ms"),
+        ("each row past the first", get("extra_row_ms"), "{:.2f} ms"),
+    ]
+    notes = (
+        f"{data['questions']} NQ prompts, k={data['k']}, median {data['prompt_tokens_median']:,.0f} tokens; "
+        f"full prefill costs {data['prefill_ms_per_token']:.2f} ms a prompt token."
+    )
+    return notes + "\n\n" + columns_table(columns, data["rows"])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
+    "bench_step_rows": step_rows,
     "bench_decode": decode,
     "bench_retrieval_nq": retrieval_nq,
     "bench_redis": redis_tier,
