@@ -34,7 +34,7 @@ from ..hf.model import rotary_module
 from ..plan.matching import ReusePlan
 from .data import QAExample, load_qa
 from .prompt import rag_messages
-from .retrieval import retrieve_documents, sample_nq
+from .retrieval import corpus_index, retrieve_documents, sample_nq
 from .runner import warm_template_head
 from .variants import Variant
 
@@ -125,7 +125,7 @@ def draw_nq(count: int, k: int, seed: int, *, outside_eval: bool = False) -> NQS
     examples = load_qa()
     in_eval = {e.question for e in random.Random(0).sample(examples, EVAL_QUESTIONS)}
     chosen = random.Random(seed).sample([e for e in examples if e.question not in in_eval], count)
-    return NQSample(chosen, retrieve_documents(examples, chosen, k))
+    return NQSample(chosen, retrieve_documents(corpus_index(examples), chosen, k))
 
 
 def warm(engine: KVBoostRAG, nq: NQSample, k: int | None = None) -> WarmReport:

@@ -100,13 +100,8 @@ def corpus_index(corpus_of: list[QAExample], passages_per_document: int = 1) -> 
     return PassageIndex.build(corpus(corpus_of)).grouped(passages_per_document)
 
 
-def retrieve_documents(
-    corpus_of: list[QAExample] | PassageIndex, questions: list[QAExample], k: int, passages_per_document: int = 1
-) -> list[list[str]]:
-    """Top-k passages (as prompt documents) for each question, from all passages of `corpus_of`
-    (or its index); with `passages_per_document` > 1, top-k documents of that many neighbouring
-    passages."""
-    index = corpus_of if isinstance(corpus_of, PassageIndex) else corpus_index(corpus_of, passages_per_document)
+def retrieve_documents(index: PassageIndex, questions: list[QAExample], k: int) -> list[list[str]]:
+    """Top-k documents of `index` (`corpus_index`) for each question, as prompt documents."""
     return [[p.as_document() for p in row] for row in index.search([q.question for q in questions], k)]
 
 
@@ -114,4 +109,4 @@ def sample_nq(count: int, k: int, seed: int) -> tuple[list[QAExample], list[list
     """`count` NQ-Open questions drawn with `seed`, each with its top-k retrieved documents."""
     examples = load_qa()
     chosen = random.Random(seed).sample(examples, count)
-    return chosen, retrieve_documents(examples, chosen, k)
+    return chosen, retrieve_documents(corpus_index(examples), chosen, k)
