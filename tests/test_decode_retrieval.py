@@ -9,6 +9,7 @@ import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG, RetrievalConfig
 from kvboost_rag.ops.attention import single_query_attention
+from kvboost_rag.ops.decode_retrieval import DecodeRetrieval
 from kvboost_rag.ops.page_selection import Selection, attend_selected, page_bounds, page_summaries, select_pages
 
 SMALL = dict(enabled=True, page_size=8, budget_tokens=160, sink_tokens=16, recent_tokens=32, min_prompt_tokens=1)
@@ -107,3 +108,25 @@ def test_speculative_selection_corrected_at_threshold_one_is_exact_selection(
     assert corrected.retrieval is not None and corrected.retrieval.corrected_share == 1.0
     loose = answer(engine_with(tiny, **SMALL, correction_threshold=-1.0), prompt)
     assert loose.retrieval is not None and loose.retrieval.corrected_share == 0.0, "never re-selects"
+
+
+def test_the_layers_selections_made_together_are_each_layers_own() -> None:
+    """The speculative selections of every layer, made in one batch at the next step's first
+    layer, choose the pages each layer's previous query chooses on its own."""
+    torch.manual_seed(4)
+    config = RetrievalConfig(**{**SMALL, "correction_threshold": -1.0})  # never re-select: the batch is used
+    retrieval = DecodeRetrieval(config)
+    keys = [torch.randn(1, 2, 300, 16) for _ in range(3)]
+    values = [torch.randn(1, 2, 300, 16) for _ in range(3)]
+    first = [torch.randn(1, 6, 1, 16) for _ in range(3)]
+    for layer in range(3):  # step 1: each layer selects with its own query
+        retrieval.attend(layer, first[layer], keys[layer][:, :, :299], values[layer][:, :, :299], 0.25)
+    second = [torch.randn(1, 6, 1, 16) for _ in range(3)]
+    for layer in range(3):  # step 2: the batch runs at layer 0, then every layer attends to its part
+        assert (retrieval._layers[layer].selection is not None) == (layer > 0), "made by the batch at layer 0"
+        out = retrieval.attend(layer, second[layer], keys[layer], values[layer], 0.25)
+        state = retrieval._layers[layer]
+        own = select_pages(page_bounds(first[layer][0, :, 0], state.mins, state.maxs), 300, 8, 160, 16, 32)
+        expected = attend_selected(second[layer][0, :, 0], keys[layer][0], values[layer][0], own, 0.25)
+        assert out is not None and torch.equal(out.view(6, 16), expected)
+    assert retrieval.stats.corrected_share == 0.0 and retrieval.stats.steps == 6

@@ -1,0 +1,107 @@
+"""What any decode-time selection could give here: a step with attention to a free window.
+
+At each prompt length, over one prefilled cache, decode steps (greedy, one process, the modes
+alternating round by round) with: dense attention; no attention at all (the rest of the step);
+attention to the last `budget` tokens as a view (a selection that costs nothing and copies
+nothing: the ceiling of any selection within that budget); and RetrievalConfig's retrieval at
+each correction threshold asked for (default: its own, and -1, speculation never corrected).
+Median step per mode, and retrieval's selection and attention time per step and share of KV
+heads corrected.
+
+JSON: benchmarks/results/bench_retrieval_ceiling.json (or --out).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from bench_decode import prompt_of_length
+
+from kvboost_rag import RetrievalConfig
+from kvboost_rag.eval import harness
+from kvboost_rag.eval.data import load_qa
+from kvboost_rag.hf.cache import float_keys_for, forward_last_logits, make_cache
+from kvboost_rag.ops.attention import single_query_attention
+from kvboost_rag.ops.decode_retrieval import ACTIVE_RETRIEVAL, DecodeRetrieval
+
+
+class Window:
+    """Attention to the last `tokens` keys only (0: none at all), as views of the cache."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
+        if not self.tokens:
+            return query.new_zeros(1, 1, query.shape[1], query.shape[3])
+        window = slice(keys.shape[2] - self.tokens, None)
+        float_keys = float_keys_for(layer, keys)
+        float_window = None if float_keys is None else float_keys[:, :, window]
+        return single_query_attention(query, keys[:, :, window], values[:, :, window], scale, float_window)
+
+    def forget(self) -> None:
+        pass
+
+
+def main() -> None:
+    p = harness.parser(__doc__, questions=0, k=0, seed=0, out="bench_retrieval_ceiling.json")
+    p.add_argument("--lengths", type=int, nargs="+", default=[4000, 8000])
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--steps", type=int, default=12, help="decode steps a round; the first two are not timed")
+    p.add_argument("--thresholds", type=float, nargs="+", default=[RetrievalConfig().correction_threshold, -1.0])
+    args = harness.parse(p)
+    engine = harness.load_engine(args)
+    budget = RetrievalConfig().budget_tokens
+    passages = [e.passages[0].as_document() for e in load_qa(limit=400)]
+    modes: dict[str, Callable[[], object]] = {
+        "dense": lambda: None,
+        "no_attention": lambda: Window(0),
+        "free_window": lambda: Window(budget),
+    }
+    for threshold in args.thresholds:
+        config = RetrievalConfig(enabled=True, min_prompt_tokens=1, correction_threshold=threshold)
+        modes[f"retrieval {threshold:g}"] = lambda config=config: DecodeRetrieval(config)
+    rows = []
+    for length in args.lengths:
+        tokens = engine.tokenize_prompt(prompt_of_length(engine.tokenizer, passages, length))
+        logits, keys, values = harness.full_prefill_kv(engine, tokens)
+        steps: dict[str, list[float]] = {mode: [] for mode in modes}
+        stats: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in modes}
+        for _ in range(args.rounds):
+            for mode, make in modes.items():
+                attention, cache, token = make(), make_cache(keys, values), int(logits.argmax())
+                active = ACTIVE_RETRIEVAL.set(attention)  # type: ignore[arg-type]
+                try:
+                    for i in range(args.steps):
+                        started = time.perf_counter()
+                        step_logits = forward_last_logits(
+                            engine.model, torch.tensor([token]), torch.tensor([len(tokens) + i]), cache
+                        )
+                        if i >= 2:
+                            steps[mode].append(time.perf_counter() - started)
+                        token = int(step_logits.argmax())
+                finally:
+                    ACTIVE_RETRIEVAL.reset(active)
+                if isinstance(attention, DecodeRetrieval):
+                    s = attention.stats
+                    stats[mode].append((s.select_s / args.steps, s.attend_s / args.steps, s.corrected_share))
+        dense = statistics.median(steps["dense"])
+        row: dict[str, object] = {"prompt_tokens": len(tokens), "budget_tokens": budget, "modes": []}
+        for mode in modes:
+            step = statistics.median(steps[mode])
+            measured = {"mode": mode, "step_ms": step * 1000, "speedup": dense / step}
+            if stats[mode]:
+                measured["select_ms"] = statistics.median(s[0] for s in stats[mode]) * 1000
+                measured["attend_ms"] = statistics.median(s[1] for s in stats[mode]) * 1000
+                measured["corrected_share"] = statistics.median(s[2] for s in stats[mode])
+            row["modes"].append(measured)  # type: ignore[union-attr]
+        rows.append(row)
+        print(row, flush=True)
+    harness.write_json(args.out, {"rounds": args.rounds, "steps": args.steps, "rows": rows}, indent=1)
+
+
+if __name__ == "__main__":
+    main()
