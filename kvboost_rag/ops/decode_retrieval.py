@@ -108,9 +108,10 @@ class DecodeRetrieval:
         the same pages each layer's own selection would choose."""
         layers, self._queried = self._queried, []
         shapes = {(self._layers[i].mins.shape, self._layers[i].query.shape) for i in layers}  # type: ignore[union-attr]
-        if len(shapes) != 1:  # layers unlike in heads, or summaries grown since: each selects on its own
+        if len(shapes) != 1:  # layers unlike in heads or pages: each selects on its own
             return
         summary_shape = next(iter(shapes))[0]
+        # NOTE: summaries only grow (forget() drops the stack), so a stack of the same shape is current
         if self._stacked is None or self._stacked[0].shape[:3] != (len(layers), *summary_shape[:2]):
             self._stacked = (
                 torch.stack([self._layers[i].mins for i in layers]),  # type: ignore[misc]
@@ -135,7 +136,6 @@ class DecodeRetrieval:
             mins, maxs = page_summaries(keys[:, done * page : whole * page], page)
             state.mins = mins if state.mins is None else torch.cat([state.mins, mins], dim=1)
             state.maxs = maxs if state.maxs is None else torch.cat([state.maxs, maxs], dim=1)
-            self._stacked = None
         assert state.mins is not None and state.maxs is not None
         return state.mins, state.maxs
 
