@@ -25,7 +25,7 @@ from kvboost_rag.eval import harness
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.hf.cache import float_keys_for, forward_last_logits, make_cache
 from kvboost_rag.ops.attention import single_query_attention
-from kvboost_rag.ops.decode_retrieval import ACTIVE_RETRIEVAL, DecodeRetrieval
+from kvboost_rag.ops.decode_retrieval import ACTIVE_RETRIEVAL, DecodeRetrieval, RetrievalStats
 
 
 class Window:
@@ -82,12 +82,14 @@ def main() -> None:
                         )
                         if i >= 2:
                             steps[mode].append(time.perf_counter() - started)
+                        elif i == 1 and isinstance(attention, DecodeRetrieval):
+                            attention.stats = RetrievalStats()  # the timed steps' only (the first makes every summary)
                         token = int(step_logits.argmax())
                 finally:
                     ACTIVE_RETRIEVAL.reset(active)
                 if isinstance(attention, DecodeRetrieval):
-                    s = attention.stats
-                    stats[mode].append((s.select_s / args.steps, s.attend_s / args.steps, s.corrected_share))
+                    s, timed = attention.stats, args.steps - 2
+                    stats[mode].append((s.select_s / timed, s.attend_s / timed, s.corrected_share))
         dense = statistics.median(steps["dense"])
         row: dict[str, object] = {"prompt_tokens": len(tokens), "budget_tokens": budget, "modes": []}
         for mode in modes:
