@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from kvboost_rag.eval import harness
+from kvboost_lab import harness
 from kvboost_rag.hf.attention import REUSE_ATTENTION
 from kvboost_rag.ops.logits import kl_divergence
 

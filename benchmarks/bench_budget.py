@@ -17,8 +17,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from kvboost_lab import harness
 from kvboost_rag import ChunkStore, EngineConfig, KVBoostRAG
-from kvboost_rag.eval import harness
 from kvboost_rag.store.disk import DiskStore
 
 MULTIPLES = (1, 2, 4, 16)

@@ -1,5 +1,5 @@
 """Decode speed against prompt length: our decode loop, transformers' `generate`, decode-time KV
-retrieval (RetrievalConfig), and the memory bandwidth floor.
+retrieval (SparseDecodeConfig), and the memory bandwidth floor.
 
 Per prompt length (NQ passages joined up to it): decode tokens/s of `KVBoostRAG.generate` (full
 prefill, greedy, `ignore_eos`), of `model.generate` (greedy, the same new tokens, timed between
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from kvboost_rag import KVBoostRAG, RetrievalConfig
-from kvboost_rag.eval import harness
+from kvboost_lab import harness
+from kvboost_rag import KVBoostRAG, SparseDecodeConfig
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.hf.packed_linear import PackedLinear
 
@@ -103,7 +103,7 @@ def main() -> None:
     retrieving = KVBoostRAG(
         model,
         tokenizer,
-        replace(engine.config, retrieval=RetrievalConfig(enabled=True, min_prompt_tokens=1)),
+        replace(engine.config, sparse_decode=SparseDecodeConfig(enabled=True, min_prompt_tokens=1)),
         name=engine.name,
     )
     rows = []
@@ -118,7 +118,7 @@ def main() -> None:
             sparse = retrieving.generate(prompt, **options)
             selective.append(step_s(sparse))
             same_selective = same_selective and sparse.token_ids == dense.token_ids
-            stats = sparse.retrieval
+            stats = sparse.sparse_decode
             if not args.no_transformers:
                 stamps = StepClock()
                 with torch.inference_mode():

@@ -16,8 +16,8 @@ import time
 
 import torch
 
+from kvboost_lab import harness
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.eval import harness
 from kvboost_rag.eval.metrics import best_subspan_em
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 

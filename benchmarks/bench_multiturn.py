@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from kvboost_lab import harness
 from kvboost_rag import GenerationResult, KVBoostRAG
-from kvboost_rag.eval import harness
 from kvboost_rag.eval.prompt import SYSTEM
 
 SHAPES = ("plain", "rag")

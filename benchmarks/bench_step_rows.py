@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kvboost_rag.eval import harness
+from kvboost_lab import harness
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)

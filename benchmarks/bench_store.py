@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import torch
 
+from kvboost_lab import harness
 from kvboost_rag import ExactnessConfig, KVBoostRAG
-from kvboost_rag.eval import harness
 from kvboost_rag.eval.runner import run_eval
 from kvboost_rag.eval.variants import Variant
 from kvboost_rag.hf.cache import forward_last_logits, make_cache

@@ -18,9 +18,9 @@ import statistics
 import time
 from dataclasses import asdict, replace
 
+from kvboost_lab import harness
 from kvboost_rag import DecodeObserver, GenerationResult, KVBoostRAG
 from kvboost_rag.engine import Request
-from kvboost_rag.eval import harness
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.eval.variants import VARIANTS, Baseline, Variant
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
+from kvboost_lab import harness
 from kvboost_rag import ExactnessConfig, RepairConfig
-from kvboost_rag.eval import harness
 from kvboost_rag.eval.report import format_table
 from kvboost_rag.eval.runner import run_eval
 from kvboost_rag.eval.variants import Variant

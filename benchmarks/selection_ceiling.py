@@ -16,8 +16,8 @@ import statistics
 import torch
 from tqdm import tqdm
 
+from kvboost_lab import harness
 from kvboost_rag import RepairConfig
-from kvboost_rag.eval import harness
 from kvboost_rag.hf.blend import SelectiveCache, selective_forward
 from kvboost_rag.ops.logits import kl_divergence
 from kvboost_rag.ops.selection import blend_candidates, select_for_recompute

@@ -1,4 +1,4 @@
-"""Render every result in benchmarks/results as Markdown tables (kvboost_rag.eval.tables).
+"""Render every result in benchmarks/results as Markdown tables (kvboost_lab.tables).
 
 Prints them; `--write` puts them in benchmarks/README.md between its tables markers, and
 `--check` fails when that section is out of date with the JSON.
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvboost_rag.eval.tables import HEADLINE_BEGIN, HEADLINE_END, render_all, render_headline, replace_section
+from kvboost_lab.tables import HEADLINE_BEGIN, HEADLINE_END, render_all, render_headline, replace_section
 
 HERE = Path(__file__).resolve().parent
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from kvboost_lab import harness
 from kvboost_rag import DecodeObserver, ExactnessConfig
 from kvboost_rag.engine import Request
-from kvboost_rag.eval import harness
 from kvboost_rag.eval.metrics import best_subspan_em
 from kvboost_rag.eval.variants import Variant
 
@@ -39,7 +39,7 @@ class LeadRecorder(DecodeObserver):
         self.leads: list[float] = []
 
     def on_token(self, request: Request, token: int) -> None:
-        self.leads.append(request.exactness.lead(request.logits))
+        self.leads.append(self.lead(request))
 
 
 def record_answers(args: argparse.Namespace) -> list[dict]:

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import torch
 
-from kvboost_rag.eval import harness
+from kvboost_lab import harness
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.plan.repair import reused_runs
 

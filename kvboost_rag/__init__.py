@@ -1,6 +1,6 @@
 """kvboost-rag: reuse the KV cache of retrieved documents wherever they land in a prompt."""
 
-from .config import EngineConfig, ExactnessConfig, RepairConfig, RetrievalConfig
+from .config import EngineConfig, ExactnessConfig, RepairConfig, SparseDecodeConfig
 from .engine import (
     DecodeObserver,
     GenerationResult,
@@ -12,7 +12,7 @@ from .engine import (
     WarmReport,
 )
 from .hf.support import UnsupportedModelError
-from .store.memory import ChunkStore
+from .store.chunk_store import ChunkStore
 from .store.settings import StoreSettingsError
 
 __all__ = [
@@ -20,7 +20,7 @@ __all__ = [
     "DecodeObserver",
     "EngineConfig",
     "ExactnessConfig",
-    "RetrievalConfig",
+    "SparseDecodeConfig",
     "GenerationResult",
     "GenerationStream",
     "KVBoostRAG",

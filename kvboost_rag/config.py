@@ -8,10 +8,9 @@ prefill repairs moved KV (`RepairConfig`), and what the answer reads after its f
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
-
-from .ops.logits import top_margin
 
 Mode = Literal["full", "prefix", "reuse"]
 ChunkingStrategy = Literal["fixed", "semantic", "adaptive"]
@@ -122,17 +121,10 @@ class ExactnessConfig:
         """Whether the token after `answered` answer tokens is checked for a near-tie."""
         return bool(self.verify_margin) and (self.verify_tokens is None or answered < self.verify_tokens)
 
-    def lead(self, logits: Any) -> float:
-        """How clearly the next token wins (top probability minus the runner-up's).
-
-        A method, so an evaluation can script near-ties by overriding it.
-        """
-        return top_margin(logits)
-
 
 @dataclass(slots=True, frozen=True)
-class RetrievalConfig:
-    """Decode-time KV retrieval (FreeKV, with Quest's page bound): each decoded token attends to
+class SparseDecodeConfig:
+    """Sparse decode: decode-time KV page selection (FreeKV, with Quest's page bound): each decoded token attends to
     the first `sink_tokens`, the last `recent_tokens` and the pages of `page_size` tokens that
     bound its attention scores highest, within `budget_tokens`; prompts shorter than
     `min_prompt_tokens` decode densely. `speculative`: a step attends to the pages its previous
@@ -140,7 +132,7 @@ class RetrievalConfig:
     `correction_threshold`; 1.0 re-selects every step, -1 never). The other heads' selections are
     made for all layers in one batch, so a lower threshold is faster and less exact (on the
     default model 0.9 corrects 60-80% of heads, 0.7 under 10%). Off by default: see
-    docs/decode-retrieval.md.
+    docs/sparse-decode.md.
     """
 
     enabled: bool = False
@@ -168,9 +160,10 @@ class RetrievalConfig:
         return self.enabled and prompt_tokens >= self.min_prompt_tokens
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class EngineConfig:
-    """How the engine chunks, matches and keeps KV.
+    """How the engine chunks, matches and keeps KV; frozen, so a config given to an engine is never
+    changed by it (derive another with `dataclasses.replace`).
 
     `match_window` is the length of the token windows that index stored chunks: a document is
     found in a prompt wherever a run of at least `2 * match_window - 1` of its tokens appears
@@ -179,7 +172,8 @@ class EngineConfig:
     warm`; a Redis URL (`redis://host:port/db`, see `store.redis.location`), shared by workers
     on many hosts; or both, comma-separated (looked up memory, then disk, then Redis). None is
     the user cache directory's store (the same one the CLI writes by default); "memory" keeps
-    chunks in this process only.
+    chunks in this process only. The store parses it (`store.location`): a bad one is refused
+    when an engine is built, before any model loads.
     """
 
     chunk_size: int = 128
@@ -188,10 +182,11 @@ class EngineConfig:
     match_window: int = 16
     mode: Mode = "reuse"
     memory_budget_bytes: int = 4 * 1024**3
-    store_prompt_prefixes: bool = True
+    # Keep each prompt's chunks after the answer (`stream(store_prompt=...)` decides per request).
+    store_prompt: bool = True
     repair: RepairConfig = field(default_factory=RepairConfig)
     exactness: ExactnessConfig = field(default_factory=ExactnessConfig)
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    sparse_decode: SparseDecodeConfig = field(default_factory=SparseDecodeConfig)
     # Text encoded before every warmed document (its KV is not kept), so a document's first
     # tokens do not become an attention sink; "" encodes each document alone from position 0.
     warm_prefix: str = ""
@@ -202,8 +197,9 @@ class EngineConfig:
     disk_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        # NOTE: normalized through object.__setattr__, the one way to set a field of a frozen dataclass.
         if isinstance(self.repair, str):
-            self.repair = RepairConfig(strategy=self.repair)  # type: ignore[arg-type]
+            object.__setattr__(self, "repair", RepairConfig(strategy=self.repair))
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"chunk_size must be an integer >= 1, got {self.chunk_size!r}")
         if self.chunking not in CHUNKING_STRATEGIES:
@@ -223,11 +219,7 @@ class EngineConfig:
         if not isinstance(self.warm_prefix, str):
             raise TypeError(f"warm_prefix must be a str, got {type(self.warm_prefix).__name__}")
         if self.store is not None and not isinstance(self.store, str):
-            self.store = str(self.store)  # a Path
-        if self.store is not None:
-            from .store.location import StoreLocations  # NOTE: plain parsing, no store is opened
-
-            StoreLocations.parse(self.store)  # two directories, a bad URL: refused before any loading
+            object.__setattr__(self, "store", str(self.store))  # a Path
 
     @property
     def memory_only(self) -> bool:
@@ -253,13 +245,25 @@ def engine_option_names() -> set[str]:
     return {f.name for f in fields(EngineConfig)}
 
 
-def check_option_names(options: dict[str, Any], known: set[str], what: str = "engine option") -> None:
-    """TypeError naming each unknown option and the closest known one."""
-    unknown = sorted(set(options) - known)
+def check_option_names(
+    options: Iterable[str],
+    known: Iterable[str],
+    what: str = "engine option",
+    renamed: Mapping[str, str] | None = None,
+) -> None:
+    """TypeError naming each unknown option and the known one it probably means: its new name in
+    `renamed`, else the closest. The one checker of option names: every front-end calls it.
+
+    Python's own word for an unexpected keyword; a misspelled option silently ignored would
+    change nothing and look like it worked.
+    """
+    known = sorted(known)
+    unknown = sorted(set(options) - set(known))
     if not unknown:
         return
     hints = []
     for name in unknown:
-        close = difflib.get_close_matches(name, sorted(known), n=1)
+        meant = (renamed or {}).get(name)
+        close = [meant] if meant in known else difflib.get_close_matches(name, known, n=1)
         hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     raise TypeError(f"unknown {what}{'s' if len(unknown) > 1 else ''}: {', '.join(hints)}")

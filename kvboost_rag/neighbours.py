@@ -20,11 +20,11 @@ def default_embedder_path() -> Path:
 
 
 def load_embedder(path: str | os.PathLike[str] | None = None) -> Any:
-    """A sentence-transformers model on the CPU, offline: the bundled MiniLM unless `path`."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    """A sentence-transformers model on the CPU, from local files only (the process's hub settings
+    are left as they are): the bundled MiniLM unless `path`."""
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(path or default_embedder_path()), device="cpu")
+    return SentenceTransformer(str(path or default_embedder_path()), device="cpu", local_files_only=True)
 
 
 def embed(texts: list[str], embedder: Any = None, batch_size: int = 64) -> np.ndarray:

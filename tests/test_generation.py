@@ -7,8 +7,12 @@ import time
 import pytest
 
 from kvboost_rag import KVBoostRAG, PromptTooLongError
+from kvboost_rag.engine.detokenize import Detokenizer
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+# The default model goes on in characters of two and three tokens each (and ends inside one at
+# 40 tokens): the answer's text is made of multi-token characters.
+MULTI_BYTE = "東京は日本の首都です。大阪は日本の"
 
 
 def test_greedy_is_deterministic_and_result_is_complete(engine: KVBoostRAG) -> None:
@@ -67,6 +71,48 @@ def test_stream_with_stop_never_leaks_the_stop_string(engine: KVBoostRAG) -> Non
     stream = engine.stream(CHAT, max_new_tokens=24, mode="full", stop=stop)
     streamed = "".join(stream)
     assert stop not in streamed and streamed == stream.result.text
+
+
+def test_streamed_text_is_the_whole_decode_with_multi_byte_characters(
+    engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step decodes a few tokens, not the whole answer again, and the deltas joined are the
+    whole answer decoded at once; a character split across tokens is streamed whole."""
+    decode, windows = engine.tokenizer.decode, []
+
+    def counting(ids: list[int], *args: object, **kwargs: object) -> str:
+        windows.append(len(ids))
+        return decode(ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "decode", counting)
+    stream = engine.stream(MULTI_BYTE, max_new_tokens=40, ignore_eos=True, mode="full")
+    pieces = list(stream)
+    result = stream.result
+    assert result is not None and result.new_tokens == 40
+    assert sum("\ufffd" in decode([token]) for token in result.token_ids) > 10, "characters split across tokens"
+    assert "".join(pieces) == result.text == decode(result.token_ids, skip_special_tokens=True)
+    assert "\ufffd" not in "".join(pieces[:-1]), "only the last delta may end inside a character (cut by the limit)"
+    assert len(windows) <= 2 * result.new_tokens and max(windows) <= 8, "a step's decode does not grow with the answer"
+
+
+def test_a_multi_byte_stop_string_never_leaks(engine: KVBoostRAG) -> None:
+    """A stop string's first character is held back while the next one is incomplete: the
+    stream never shows a part of the stop that the result then cuts."""
+    base = engine.generate(MULTI_BYTE, max_new_tokens=24, mode="full")
+    stop = base.text[2:4]
+    assert len(stop.encode()) > len(stop) and "\ufffd" not in stop and base.text.index(stop) > 0
+    stream = engine.stream(MULTI_BYTE, max_new_tokens=24, mode="full", stop=stop)
+    streamed = "".join(stream)
+    assert stream.result is not None and stream.result.finish_reason == "stop"
+    assert streamed == stream.result.text == base.text[: base.text.index(stop)]
+
+
+def test_the_detokenizer_gives_the_whole_decode_at_every_step(engine: KVBoostRAG) -> None:
+    tokenizer = engine.tokenizer
+    ids = tokenizer("Grüße 👋 日本語 — naïve café ✓, it's  fine.\n\n" * 3, add_special_tokens=False).input_ids
+    detokenizer = Detokenizer(tokenizer)
+    for end in range(1, len(ids) + 1):
+        assert detokenizer.add(ids[:end]) == tokenizer.decode(ids[:end], skip_special_tokens=True)
 
 
 def test_length_limit(engine: KVBoostRAG) -> None:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kvboost_rag import KVBoostRAG, SamplingParams
+from kvboost_rag import EngineConfig, KVBoostRAG, SamplingParams
 from kvboost_rag.cli import app
-from kvboost_rag.eval.data import read_records
+from kvboost_rag.records import read_records
 from kvboost_rag.store.disk import DiskStore
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -126,6 +126,31 @@ def test_sampling_params_normalize_what_they_accept() -> None:
     assert SamplingParams(temperature=1, seed=-1).temperature == 1.0
 
 
+def test_sampling_is_a_sampling_params_or_its_fields_not_both(no_model_work: KVBoostRAG) -> None:
+    with pytest.raises(TypeError, match="give sampling= or max_new_tokens, seed, not both"):
+        no_model_work.stream(CHAT, sampling=SamplingParams(max_new_tokens=3), max_new_tokens=3, seed=1)
+    with pytest.raises(TypeError, match="sampling must be a SamplingParams, got dict"):
+        no_model_work.stream(CHAT, sampling={"max_new_tokens": 3})  # type: ignore[arg-type]
+
+
+def test_a_sampling_params_samples_as_its_fields_do(fresh_engine: KVBoostRAG) -> None:
+    fields = dict(max_new_tokens=4, temperature=0.9, top_k=20, seed=7)
+    given = fresh_engine.generate(CHAT, sampling=SamplingParams(**fields), store_prompt=False)  # type: ignore[arg-type]
+    assert given.token_ids == fresh_engine.generate(CHAT, **fields, store_prompt=False).token_ids  # type: ignore[arg-type]
+    assert 0 < len(given.token_ids) <= 4
+
+
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [("redis://a:1/0,redis://b:1/0", "at most one"), ("/a,/b", "at most one"), ("ftp://x/y", "neither a directory")],
+)
+def test_a_bad_store_is_refused_before_the_model_loads(no_model_work: KVBoostRAG, store: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        KVBoostRAG.from_pretrained("/nowhere/model", store=store)  # a missing model would be another error
+    with pytest.raises(ValueError, match=message):
+        KVBoostRAG(no_model_work.model, no_model_work.tokenizer, EngineConfig(store=store), store=no_model_work.store)
+
+
 # files ------------------------------------------------------------------------------------
 def test_read_records_names_the_file_and_line(tmp_path: Path) -> None:
     whole = gzip.compress(b"".join(json.dumps({"text": f"doc {i}"}).encode() + b"\n" for i in range(200)))
@@ -180,7 +205,7 @@ def test_warm_cli_reports_bad_files_and_warms_the_rest(
         "d_odd_record.jsonl: record 1 is neither text",
         "e_latin1.txt: not UTF-8",
         "f_surrogate.jsonl: record 1 is not valid Unicode",
-        "g_long.jsonl: record 1: skipped: the document has",
+        "g_long.jsonl: record 1: skipped: document 0 (documents[0]) has",  # the engine's words
     ]
     assert len(errors) == len(expected), result.stderr
     for line, fragment in zip(errors, expected):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from transformers import (
     StableLmConfig,
 )
 
-from kvboost_rag import KVBoostRAG, UnsupportedModelError
+from kvboost_rag import EngineConfig, KVBoostRAG, UnsupportedModelError
 from kvboost_rag.hf.support import unsupported_reason
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -83,6 +84,15 @@ def test_unsupported_model_runs_with_reuse_off_when_asked(tmp_path: Path, engine
     assert tiny.generate("Hello there", max_new_tokens=3, mode="prefix").new_tokens >= 1
     with pytest.raises(ValueError, match="reuse is off"):
         tiny.generate("Hello there", mode="reuse")
+
+
+def test_reuse_off_leaves_the_callers_config_as_given(engine: KVBoostRAG) -> None:
+    """An engine that cannot reuse runs `full` on a config of its own; the caller's is unchanged."""
+    config = EngineConfig(store="memory")
+    off = KVBoostRAG(engine.model, engine.tokenizer, config, reuse_supported=False, unsupported_reason="a test")
+    assert off.config == replace(config, mode="full") and config.mode == "reuse"
+    with pytest.raises(FrozenInstanceError):
+        config.mode = "full"  # type: ignore[misc]
 
 
 FAMILIES = {

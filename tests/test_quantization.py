@@ -62,7 +62,7 @@ def test_engine_keeps_warmed_chunks_quantized(engine, passages) -> None:
     from kvboost_rag import EngineConfig, KVBoostRAG
     from kvboost_rag.config import RepairConfig
     from kvboost_rag.eval.prompt import rag_messages
-    from kvboost_rag.store.memory import ChunkStore
+    from kvboost_rag.store.chunk_store import ChunkStore
 
     documents = passages[:3]
     prompt = rag_messages("Which is it?", documents[::-1])

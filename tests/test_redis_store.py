@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import redis
 
+from kvboost_lab.redis_server import LocalRedis, local_cluster, local_redis
 from kvboost_rag import EngineConfig, ExactnessConfig, KVBoostRAG
 from kvboost_rag.plan.keys import ContentHash, Fingerprint, content_hash, document_hash, window_keys
 from kvboost_rag.store.entry import ChunkEntry, DocumentRecord
@@ -24,7 +25,6 @@ from kvboost_rag.store.location import StoreLocations
 from kvboost_rag.store.redis import RedisLocation, RedisStore
 from kvboost_rag.store.redis.guard import RedisUnavailable
 from kvboost_rag.store.redis.layout import KeyLayout
-from kvboost_rag.store.redis.local import LocalRedis, local_cluster, local_redis
 from kvboost_rag.store.settings import StoreSettingsError
 
 VERIFIED = ExactnessConfig(verify_margin=1.0, refresh=False)  # every moved token checked: full prefill's answer
@@ -397,7 +397,7 @@ def test_the_tiers_share_one_match_window(
 
 
 def test_a_cluster_that_cannot_be_reached_is_a_warning(tiny_engine: KVBoostRAG, passages: list[str]) -> None:
-    from kvboost_rag.store.redis.local import free_port
+    from kvboost_lab.redis_server import free_port
 
     with pytest.warns(UserWarning, match="cannot be reached"):
         engine = worker(tiny_engine, f"redis://127.0.0.1:{free_port()}/0?cluster=true&retry_after=60")

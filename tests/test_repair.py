@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from kvboost_rag import KVBoostRAG
+from kvboost_rag import DecodeObserver, KVBoostRAG
 from kvboost_rag.config import ExactnessConfig, RepairConfig
+from kvboost_rag.engine import Request
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.hf.blend import SelectiveCache
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.ops.attention import position_mask
 from kvboost_rag.ops.selection import select_for_recompute
-from kvboost_rag.plan.matching import ReusePlan, Segment
+from kvboost_rag.plan.matching import ReusePlan
 from kvboost_rag.plan.repair import boundary_positions, reused_runs, with_recomputed
+from kvboost_rag.plan.segments import Segment
 
 STALE = RepairConfig(strategy="none")  # moved KV as it is
 OFF = ExactnessConfig.off()  # nothing recomputed after the prefill
@@ -273,17 +275,18 @@ def test_verify_takes_a_near_tie_from_exact_kv(fresh_engine: KVBoostRAG, shuffle
 def test_default_checks_the_first_token_only(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """The default verifies near-ties of the first token alone: a near-tie later is taken on
     moved KV, so the answer costs no recompute after its first token (work saved, not moved)."""
-    later_tie = ScriptedLeads(verify_margin=0.5, leads=[0.9, 0.0, 0.0, 0.0])
-    assert later_tie.verify_tokens == 1 and not later_tie.refresh, "the defaults this test relies on"
+    policy = ExactnessConfig(verify_margin=0.5)
+    assert policy.verify_tokens == 1 and not policy.refresh, "the defaults this test relies on"
+    later_tie = ScriptedLeads([0.9, 0.0, 0.0, 0.0])
     answer = fresh_engine.generate(
-        shuffled_prompt, repair=STALE, exactness=later_tie, max_new_tokens=4, store_prompt=False
+        shuffled_prompt, repair=STALE, exactness=policy, observer=later_tie, max_new_tokens=4, store_prompt=False
     )
     stale = fresh_engine.generate(shuffled_prompt, repair=STALE, exactness=OFF, max_new_tokens=4, store_prompt=False)
     assert answer.exact_from is None and answer.refresh_s == 0.0 and answer.token_ids == stale.token_ids
     assert answer.recomputed_tokens == answer.repair_tokens == 0
-    first_tie = ScriptedLeads(verify_margin=0.5, leads=[0.0])
+    first_tie = ScriptedLeads([0.0])
     verified = fresh_engine.generate(
-        shuffled_prompt, repair=STALE, exactness=first_tie, max_new_tokens=4, store_prompt=False
+        shuffled_prompt, repair=STALE, exactness=policy, observer=first_tie, max_new_tokens=4, store_prompt=False
     )
     assert verified.exact_from == 0 and verified.recomputed_tokens == verified.prompt_tokens
     assert verified.second_token_s is not None and verified.ttft_s < verified.second_token_s <= verified.total_s
@@ -307,22 +310,27 @@ def test_recomputed_tokens_count_the_repair_and_the_refresh(fresh_engine: KVBoos
     assert full.recomputed_tokens == 0
 
 
-@dataclass(frozen=True)
-class ScriptedLeads(ExactnessConfig):
-    """Verification with the first tokens' leads given, to place a near-tie where a test wants it."""
+class ScriptedLeads(DecodeObserver):
+    """The leads the exactness policy reads, given, to place a near-tie where a test wants it."""
 
-    leads: list[float] = field(default_factory=list)
+    def __init__(self, leads: list[float]) -> None:
+        self.leads = leads
 
-    def lead(self, logits: torch.Tensor) -> float:
+    def lead(self, request: Request) -> float:
         return self.leads.pop(0)
 
 
 def test_verify_mid_answer_goes_on_as_full_prefill_would(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
     """A near-tie at the third token: the first two stay moved KV's, the rest is what full
     prefill writes after them."""
-    policy = ScriptedLeads(verify_margin=0.5, verify_tokens=None, refresh=False, leads=[0.9, 0.9, 0.0])
+    policy = ExactnessConfig(verify_margin=0.5, verify_tokens=None, refresh=False)
     verified = fresh_engine.generate(
-        shuffled_prompt, repair=STALE, exactness=policy, max_new_tokens=6, store_prompt=False
+        shuffled_prompt,
+        repair=STALE,
+        exactness=policy,
+        observer=ScriptedLeads([0.9, 0.9, 0.0]),
+        max_new_tokens=6,
+        store_prompt=False,
     )
     assert verified.exact_from == 2 and verified.timings.verify_s == 0.0 and verified.refresh_s > 0
     stale = fresh_engine.generate(shuffled_prompt, repair=STALE, exactness=OFF, max_new_tokens=6, store_prompt=False)

@@ -24,10 +24,10 @@ import openai
 import pytest
 import uvicorn
 
+from kvboost_lab.redis_server import local_redis
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.server import ServerSettings, create_app
-from kvboost_rag.store.redis.local import local_redis
 
 KEY = "test-key"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -173,6 +173,19 @@ def test_models_unknown_model_and_wrong_key(client: openai.OpenAI, server: tuple
     assert httpx.get(server[0].removesuffix("/v1") + "/health").json()["status"] == "ok"
 
 
+def test_our_options_reach_the_engine(client: openai.OpenAI, server: tuple[str, KVBoostRAG]) -> None:
+    """The `kvboost` object takes the option table's call options, by the same names."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ours = {"mode": "full", "store_prompt": False, "timeout_s": 60, "top_k": 1, "repair": "none", "refresh": True}
+    response = client.chat.completions.create(
+        model="smollm", messages=messages, temperature=0.7, max_tokens=4, extra_body={"kvboost": ours}
+    )
+    extra = response.model_extra["kvboost"]
+    assert response.usage.prompt_tokens_details.cached_tokens == 0 and extra["repair_tokens"] == 0, "full prefill"
+    expected = new_engine(server[1]).generate(messages, max_new_tokens=4, mode="full")  # top_k 1 is greedy
+    assert response.choices[0].message.content == expected.text
+
+
 def test_prompt_over_the_context_window(client: openai.OpenAI, engine: KVBoostRAG) -> None:
     long_text = "word " * (engine.max_context + 100)
     with pytest.raises(openai.BadRequestError) as error:
@@ -200,6 +213,10 @@ BAD_BODIES = [
     ("role", {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}),
     ("stop", {"messages": USER, "stop": [""]}),
     ("top_k", {"messages": USER, "kvboost": {"top_k": -1}}),
+    ("timeout_s", {"messages": USER, "kvboost": {"timeout_s": "1"}}),  # JSON's types: no number in a string
+    ("timeout_s", {"messages": USER, "kvboost": {"timeout_s": 0}}),
+    ("mode", {"messages": USER, "kvboost": {"mode": "fastest"}}),
+    ("store_prompt_prefixes", {"messages": USER, "kvboost": {"store_prompt_prefixes": False}}),
 ]
 BAD_COMPLETIONS = [
     ("echo", {"prompt": "x", "echo": True}),

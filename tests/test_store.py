@@ -7,8 +7,8 @@ import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.plan.keys import content_hash, fingerprint_from_parts, prefix_hash
+from kvboost_rag.store.chunk_store import ChunkStore
 from kvboost_rag.store.entry import ChunkEntry
-from kvboost_rag.store.memory import ChunkStore
 
 
 def test_warming_twice_does_no_model_work(fresh_engine: KVBoostRAG, passages: list[str], monkeypatch) -> None:

@@ -1,23 +1,17 @@
-"""The typer application and the options every command shares."""
+"""The typer application, and where the commands' chunk store is.
+
+The flags the commands share come from the option table (`cli/options.py`).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
 app = typer.Typer(help="Position-independent KV cache reuse for RAG.", no_args_is_help=True)
 cache_app = typer.Typer(help="Inspect and maintain the persistent chunk store.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
-
-STORE_HELP = (
-    "the chunk store: a directory (default: the user cache's, shared with the engine), a Redis URL "
-    "(redis://host:port/db, shared by many workers), both (comma-separated), or 'memory'"
-)
-StoreOption = Annotated[str | None, typer.Option(help=STORE_HELP, envvar="KVBOOST_RAG_STORE")]
-ModelOption = Annotated[str | None, typer.Option(help="model name, folder or GGUF; default the embedded one")]
-DtypeOption = Annotated[str | None, typer.Option(help="float32 or bfloat16")]
 
 
 def store_location(store: str | None) -> str:

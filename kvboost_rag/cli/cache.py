@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .app import StoreOption, cache_app, store_location
+from .app import cache_app, store_location
+from .options import table_options
 from .sizes import parse_bytes
 
 if TYPE_CHECKING:
@@ -59,9 +60,10 @@ def _redis(url: str) -> RedisStore:
 
 
 @cache_app.command("stats")
-def cache_stats(store: StoreOption = None) -> None:
+@table_options("store")
+def cache_stats(*, options: dict[str, Any]) -> None:
     """What is stored: documents, chunks and bytes per model."""
-    with _opened(store) as tiers:
+    with _opened(options.get("store")) as tiers:
         for tier in tiers:
             _print_stats(tier)
 
@@ -87,14 +89,15 @@ def _print_stats(tier: DiskStore | RedisStore) -> None:
 
 
 @cache_app.command("verify")
-def cache_verify(store: StoreOption = None) -> None:
+@table_options("store")
+def cache_verify(*, options: dict[str, Any]) -> None:
     """Check the index (rebuilt from the chunk files when damaged or missing) and every chunk;
     corrupted chunks are dropped (and recomputed when next warmed). In Redis, index entries
     naming evicted chunks are removed too."""
     from ..store.disk.recovery import verify_store
     from ..store.location import StoreLocations
 
-    locations = StoreLocations.parse(store_location(store))
+    locations = StoreLocations.parse(store_location(options.get("store")))
     dropped = 0
     if locations.directory is not None:
         report = verify_store(locations.directory)
@@ -112,10 +115,10 @@ def cache_verify(store: StoreOption = None) -> None:
         dropped += len(checked.dropped)
     if locations.redis_url is not None:
         with _opened(locations.redis_url) as (redis_tier,):
-            found = redis_tier.verify()  # type: ignore[union-attr]
+            found = redis_tier.verify()
             typer.echo(
                 f"{redis_tier}: checked {found.checked} chunks: {len(found.dropped)} dropped, "
-                f"{found.postings_removed} index entries of evicted chunks removed"
+                f"{found.postings_removed} index entries of evicted chunks removed"  # type: ignore[union-attr]
             )
             dropped += len(found.dropped)
     if dropped:
@@ -123,13 +126,15 @@ def cache_verify(store: StoreOption = None) -> None:
 
 
 @cache_app.command("prune")
+@table_options("store")
 def cache_prune(
     budget: Annotated[str, typer.Option(help="keep at most this much, e.g. 2GiB")],
-    store: StoreOption = None,
+    *,
+    options: dict[str, Any],
 ) -> None:
     """Evict least recently used, unpinned chunks until the store fits the budget."""
     limit = parse_bytes(budget)
-    with _opened(store) as tiers:
+    with _opened(options.get("store")) as tiers:
         for tier in tiers:
             evicted = tier.prune(limit)
             typer.echo(f"{tier}: evicted {evicted} chunks; {tier.total_bytes() / 2**20:.1f} MiB stored")

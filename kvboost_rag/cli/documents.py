@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.inputs import check_text
-from ..eval.data import Passage, read_records
+from ..records import Passage, read_records
 
 TEXT_SUFFIXES = {".txt", ".md"}
 JSON_SUFFIXES = {".json", ".jsonl"}

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from .app import DtypeOption, ModelOption, StoreOption, app
-
-MEMORY = "memory"
+from ..config import MEMORY_ONLY
+from .app import app, store_location
+from .options import table_options
 
 
 def _floats(text: str) -> list[float]:
@@ -20,6 +20,7 @@ def _floats(text: str) -> list[float]:
 
 
 @app.command("eval")
+@table_options("model", "dtype", "device", "store", defaults={"store": MEMORY_ONLY})
 def eval_command(
     data: Annotated[Path | None, typer.Option(help="QA file (jsonl or json list, .gz or not); default NQ-Open")] = None,
     limit: Annotated[int, typer.Option(help="questions to answer")] = 500,
@@ -58,10 +59,9 @@ def eval_command(
     ] = None,
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = True,
     max_new_tokens: Annotated[int, typer.Option()] = 32,
-    model: ModelOption = None,
-    dtype: DtypeOption = None,
-    store: StoreOption = MEMORY,
     out: Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")] = Path("eval-results"),
+    *,
+    options: dict[str, Any],
 ) -> None:
     """Every variant answers the same prompts as full prefill; the eval keeps its chunks in
     memory unless --store names a directory, so it never fills the user's store."""
@@ -70,28 +70,28 @@ def eval_command(
 
     from tqdm import tqdm
 
-    from ..engine import KVBoostRAG
     from ..eval.data import default_nq_path, load_qa
     from ..eval.prompt import TEMPLATE
     from ..eval.report import format_table, write
     from ..eval.runner import run_eval
     from ..eval.variants import Baseline, rho_variants
     from ..eval.variants import variants as build_variants
+    from ..options import build_engine
 
     path = data or default_nq_path()
     examples = load_qa(path)
     if not examples:
         raise typer.BadParameter(f"{path} holds no examples")
     chosen = random.Random(seed).sample(examples, min(limit, len(examples)))
-    engine = KVBoostRAG.from_pretrained(model, dtype=dtype, store=store)
-    repair_changes = dict(
+    engine = build_engine({**options, "store": store_location(options.get("store"))})
+    repair_changes: dict[str, Any] = dict(
         rho=rho,
         check_layer=check_layer,
         deviation=deviation,
         boundary_tokens=boundary_tokens,
         blend_boundary_tokens=blend_boundary_tokens,
     )
-    exactness_changes = dict(verify_margin=verify_margin, verify_tokens=verify_tokens, refresh=refresh)
+    exactness_changes: dict[str, Any] = dict(verify_margin=verify_margin, verify_tokens=verify_tokens, refresh=refresh)
     try:
         baseline = Baseline(
             replace(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from .app import DtypeOption, ModelOption, StoreOption, app, store_location
-from .sizes import parse_bytes
+from .app import app, store_location
+from .options import table_options
 
 
 class _Failures:
@@ -39,19 +39,24 @@ class _Failures:
 
 
 @app.command()
+@table_options(
+    "store",
+    "model",
+    "dtype",
+    "device",
+    # what a store records (how documents were cut, encoded, kept and found) and what warming holds
+    "chunk_size",
+    "chunking",
+    "adaptive_slack",
+    "match_window",
+    "kv_quantization",
+    "warm_prefix",
+    "memory_budget_bytes",
+    "disk_budget_bytes",
+    defaults={"memory_budget_bytes": "1GiB"},  # memory for chunks while warming
+)
 def warm(
     paths: Annotated[list[Path], typer.Argument(help=".txt, .md, .json, .jsonl (.gz) files or directories")],
-    store: StoreOption = None,
-    model: ModelOption = None,
-    dtype: DtypeOption = None,
-    chunk_size: Annotated[int, typer.Option()] = 128,
-    chunking: Annotated[str, typer.Option(help="fixed, semantic or adaptive")] = "fixed",
-    quantization: Annotated[str | None, typer.Option(help="int8 or int4 (default: none)")] = None,
-    warm_prefix: Annotated[str, typer.Option(help="text encoded before each document, not kept")] = "",
-    memory_budget: Annotated[str, typer.Option(help="memory for chunks while warming")] = "1GiB",
-    disk_budget: Annotated[
-        str | None, typer.Option(help="the most the store may hold, e.g. 20GiB (least recently used go first)")
-    ] = None,
     neighbours: Annotated[
         int,
         typer.Option(
@@ -61,6 +66,8 @@ def warm(
         ),
     ] = 0,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
+    *,
+    options: dict[str, Any],
 ) -> None:
     """Pre-warm documents into the persistent chunk store. Idempotent and resumable: documents
     already stored are skipped without model work, so an interrupted run continues.
@@ -70,24 +77,16 @@ def warm(
     """
     from tqdm import tqdm
 
-    from ..config import EngineConfig
-    from ..engine import KVBoostRAG
+    from ..options import build_engine, check_options
     from ..store.disk.index import StoreVersionError
     from ..store.settings import StoreSettingsError
     from .documents import document_files, read_documents
 
     try:
+        options["store"] = store_location(options.get("store"))
         files = document_files(paths)
-        config = EngineConfig.from_options(
-            chunk_size=chunk_size,
-            chunking=chunking,
-            kv_quantization=quantization,
-            warm_prefix=warm_prefix,
-            memory_budget_bytes=parse_bytes(memory_budget),
-            disk_budget_bytes=parse_bytes(disk_budget) if disk_budget else None,
-            store=store_location(store),
-        )
-    except (ValueError, FileNotFoundError) as error:
+        check_options(options)  # before the model loads, in the engine's words
+    except (TypeError, ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from error
     failures = _Failures(fail_fast)
     documents: list[tuple[Path, str, str]] = []  # (file, record, text)
@@ -102,7 +101,7 @@ def warm(
         failures.exit()
         raise typer.BadParameter("no documents found in " + ", ".join(map(str, paths)))
     nearest = _nearest_documents([text for _, _, text in documents], neighbours)
-    engine = KVBoostRAG.from_pretrained(model, dtype=dtype, config=config)
+    engine = build_engine(options)
     skipped = chunks = store_errors = 0
     # Progress in characters: proportional to the work, without tokenizing every document twice.
     total = sum(len(text) for _, _, text in documents)
@@ -114,8 +113,7 @@ def warm(
                 raise  # the store's, not the document's: no use going on
             except (ValueError, TypeError) as error:  # refused before any model work: nothing stored
                 failures.documents += 1
-                reason = str(error).replace("document 0 (documents[0])", "the document", 1)
-                failures.report(path, f"{path}: {where + ': ' if where else ''}skipped: {reason}")
+                failures.report(path, f"{path}: {where + ': ' if where else ''}skipped: {error}")
             else:
                 skipped += report.skipped_documents
                 chunks += report.chunks_stored

@@ -2,8 +2,9 @@
 
 After the prefill, each step first asks the exactness policy whether the answer should go on
 from exact KV (`ExactnessConfig`): with `refresh` from the second token, and before any
-near-tie is taken on moved KV. An observer sees every step, so evaluations and tests watch the
-loop through a public seam instead of patching it.
+near-tie is taken on moved KV (how near, the step reads off the logits: `DecodeObserver.lead`).
+An observer sees every step, so evaluations and tests watch the loop through a public seam
+instead of patching it. The text grows by incremental detokenization (`detokenize`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import numpy as np
 import torch
 
 from ..hf.cache import forward_last_logits, make_cache
-from ..ops.decode_retrieval import ACTIVE_RETRIEVAL
+from ..ops.logits import top_margin
+from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
+from .detokenize import Detokenizer
 from .request import Request
 from .sampling import sample_token
 from .stops import find_stop, held_back
 
 
 class DecodeObserver:
-    """Hooks on the decode steps; each does nothing unless overridden."""
+    """Hooks on the decode steps: the `on_` ones watch and do nothing unless overridden; `lead`
+    is what the exactness policy reads."""
 
     def on_prefill(self, request: Request) -> None:
         """The prompt is prefilled: `request.plan`, `.logits` and `.cache` are set."""
@@ -34,6 +38,13 @@ class DecodeObserver:
 
     def on_token(self, request: Request, token: int) -> None:
         """`token` was sampled from `request.logits` (before it is checked for a stop)."""
+
+    def lead(self, request: Request) -> float:
+        """How clearly the next token wins: its probability minus the runner-up's, from
+        `request.logits`. Read where the exactness policy checks a token; an evaluation
+        overrides it to script near-ties."""
+        assert request.logits is not None  # set by the prefill, before any step
+        return top_margin(request.logits)
 
 
 class Decoder:
@@ -51,10 +62,12 @@ class Decoder:
         deadline; `request.finish` says which."""
         observer.on_prefill(request)
         params = request.params
+        assert request.logits is not None  # set by the prefill, before the decode (and by every step)
         generator = params.generator(request.logits.device)
+        detokenizer = Detokenizer(self.tokenizer)
         mark = time.perf_counter()
         while True:
-            if self.needs_exact(request):
+            if self.needs_exact(request, observer):
                 self.go_exact(request)
                 observer.on_exact(request)
                 mark = time.perf_counter()
@@ -69,7 +82,7 @@ class Decoder:
                 request.finish = "eos"
                 break
             request.generated.append(token)
-            delta = self.take_text(request)
+            delta = self.take_text(request, detokenizer)
             if request.finish == "stop":
                 break
             if delta:
@@ -86,14 +99,14 @@ class Decoder:
             yield request.text[request.emitted :]
             request.emitted = len(request.text)
 
-    def needs_exact(self, request: Request) -> bool:
+    def needs_exact(self, request: Request, observer: DecodeObserver) -> bool:
         """Whether the next token must come from exact KV (the exactness policy)."""
         if request.exact:
             return False
         policy = request.exactness
         if policy.refresh and request.generated:
             return True
-        return policy.checks(len(request.generated)) and policy.lead(request.logits) < policy.verify_margin
+        return policy.checks(len(request.generated)) and observer.lead(request) < policy.verify_margin
 
     def go_exact(self, request: Request) -> None:
         """Recompute the prompt and the answer so far as full prefill would, and go on from there."""
@@ -101,8 +114,8 @@ class Decoder:
         request.cache, request.slot_positions, request.logits = self.exact_prefill(request.tokens, request.generated)
         request.exact, request.exact_end, request.exact_from = True, len(request.tokens), len(request.generated)
         request.recomputed_tokens += len(request.tokens) + len(request.generated)
-        if request.retrieval is not None:
-            request.retrieval.forget()  # its page summaries described the replaced cache
+        if request.sparse_decode is not None:
+            request.sparse_decode.forget()  # its page summaries described the replaced cache
         spent = time.perf_counter() - started
         request.refresh_s += spent
         if not request.generated:
@@ -110,10 +123,10 @@ class Decoder:
             if request.return_first_logits:
                 request.first_logits = request.logits.cpu()
 
-    def take_text(self, request: Request) -> str:
+    def take_text(self, request: Request, detokenizer: Detokenizer) -> str:
         """The newly safe text after the last token; sets finish "stop" at a stop string."""
         stops = request.params.stop
-        text = self.tokenizer.decode(request.generated, skip_special_tokens=True)
+        text = detokenizer.add(request.generated)
         longest = max((len(s) for s in stops), default=0)
         cut = find_stop(text, stops, max(0, request.emitted - longest))
         if cut is not None:
@@ -129,14 +142,14 @@ class Decoder:
     def step(self, request: Request, token: int) -> None:
         """One forward pass of the last token, over the request's cache."""
         position = torch.tensor([request.next_position - 1], device=self.device)
-        retrieving = ACTIVE_RETRIEVAL.set(request.retrieval)  # None: dense attention
+        retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
         try:
             with self.model_lock:
                 request.logits = forward_last_logits(
                     self.model, torch.tensor([token], device=self.device), position, request.cache
                 )
         finally:
-            ACTIVE_RETRIEVAL.reset(retrieving)
+            ACTIVE_SPARSE_DECODE.reset(retrieving)
 
     def exact_prefill(self, tokens: np.ndarray, generated: list[int]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """The cache and next-token logits full prefill would have after `generated`: the same

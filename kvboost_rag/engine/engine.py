@@ -5,42 +5,40 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
-import jinja2
 import numpy as np
 import torch
 
 from ..config import MODES, EngineConfig, ExactnessConfig, Mode, RepairConfig, RepairStrategy
 from ..hf.attention import use_reuse_attention
-from ..hf.cache import gather_slots
 from ..hf.fingerprint import model_fingerprint
 from ..hf.loader import load_model, resolve_dtype
 from ..hf.model import context_window, eos_ids, rotary_module
 from ..hf.packed_linear import pack_linear_layers
-from ..ops.decode_retrieval import DecodeRetrieval
+from ..ops.sparse_decode import SparseDecode
 from ..plan.chunking import chunk_boundaries
 from ..plan.keys import KeySpace
 from ..plan.matching import ReusePlan, plan_reuse
-from ..store.memory import ChunkStore
+from ..store.chunk_store import ChunkStore
+from ..store.location import StoreLocations
 from ..store.open import open_store, record_settings
 from .decode import DecodeObserver, Decoder
-from .inputs import check_documents, check_prompt, check_real
+from .documents import DocumentWriter
+from .inputs import check_documents, check_real
+from .keeping import AnswerKeeper
 from .prefill import PrefillRunner
-from .prompt_cache import conversation_tail, store_prompt_chunks, store_prompt_head
+from .prompts import Prompt, PromptTokenizer, PromptTooLongError
 from .request import Request
 from .result import GenerationResult, StageTimings, WarmReport
 from .sampling import SamplingParams
 from .stream import GenerationStream
 from .warming import Warmer
 
-Prompt = str | Sequence[dict[str, str]]
 NO_OBSERVER = DecodeObserver()
-
-
-class PromptTooLongError(ValueError):
-    """The prompt leaves no room for a new token in the model's context window."""
+_SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 
 
 class KVBoostRAG:
@@ -60,12 +58,23 @@ class KVBoostRAG:
         name: str = "custom",
         reuse_supported: bool = True,
         unsupported_reason: str | None = None,
+        adapt_model: bool = True,
     ) -> None:
         """`store` shares an existing store; otherwise the one `config.store` names is opened
-        (and its recorded settings adopted where `config` left them at their defaults)."""
+        (and its recorded settings adopted where `config` left them at their defaults).
+
+        `adapt_model` changes `model` in place and for good, for speed only: sdpa attention goes
+        to the engine's kernels for few-query passes (`hf.attention`), and bf16 linear layers on
+        a CPU with oneDNN bf16 are packed (`hf.packed_linear`: the plain weights are dropped and
+        their hash kept on the model). False leaves the model as given, with the same answers up
+        to kernel rounding, for slower reuse passes and bf16 decode steps on a CPU; CacheBlend's
+        check layer then attends for every token, and sparse decode (`SparseDecodeConfig`) is
+        dense. `from_pretrained` owns the model it loads, and adapts it.
+        """
+        config = config or EngineConfig()
+        StoreLocations.parse(config.store)  # a bad one refused before the weights are read
         self.model = model
         self.tokenizer = tokenizer
-        config = config or EngineConfig()
         self.name = name
         self.reuse_supported = reuse_supported
         self.unsupported_reason = unsupported_reason
@@ -75,16 +84,17 @@ class KVBoostRAG:
         if store is None:
             store, config = open_store(config, self.fingerprint, self.device)
         if not reuse_supported and config.mode == "reuse":
-            config.mode = "full"
+            config = replace(config, mode="full")  # a new config: the caller's is left as given
         self.config, self.store = config, store
         self.max_context = context_window(model)
         self._model_lock = threading.Lock()
-        if reuse_supported:
-            use_reuse_attention(model)  # reuse passes are few queries over a long cache
-        pack_linear_layers(model)  # after the fingerprint, which hashes the weights as loaded
+        if adapt_model:  # after the fingerprint, which hashes the weights as loaded
+            if reuse_supported:
+                use_reuse_attention(model)  # reuse passes are few queries over a long cache
+            pack_linear_layers(model)
         self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._model_lock)
         self._decoder = Decoder(model, tokenizer, self._model_lock, eos_ids(model, tokenizer))
-        self._token_texts: dict[int, str] = {}
+        self._prompts = PromptTokenizer(tokenizer, name)
         prefix_tokens = np.asarray(tokenizer(config.warm_prefix).input_ids if config.warm_prefix else [], np.int64)
         # Warmed chunks depend on how they were cut, encoded and kept too: their keys say so.
         self.keys = KeySpace.derive(
@@ -94,17 +104,11 @@ class KVBoostRAG:
             f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}",
         )
         self.document_fingerprint = self.keys.document
+        writer = DocumentWriter(store, self.keys, config.kv_quantization)
         self._warmer = Warmer(
-            model,
-            tokenizer,
-            config,
-            store,
-            self.keys,
-            self.boundaries,
-            self._model_lock,
-            self.max_context,
-            prefix_tokens,
+            model, tokenizer, writer, self.boundaries, self._model_lock, self.max_context, prefix_tokens
         )
+        self._keeper = AnswerKeeper(writer, self.boundaries, config.chunk_size, config.match_window)
         self._settings_recorded = False
 
     @classmethod
@@ -122,10 +126,12 @@ class KVBoostRAG:
 
         dtype defaults to bfloat16 where it is native (CUDA, CPUs with AVX512-BF16 or AMX), else
         float32; device to CUDA when present. `options` are `EngineConfig` fields; an unknown one is an error.
+        The engine owns the model it loads, and adapts it (see `adapt_model`).
         """
         if config is not None and options:
             raise ValueError("pass either config or config keyword options, not both")
         config = config or EngineConfig.from_options(**options)
+        StoreLocations.parse(config.store)  # a bad store is refused before the model loads
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         loaded = load_model(name_or_path, resolve_dtype(dtype, device), device, allow_unsupported)
         return cls(
@@ -170,13 +176,14 @@ class KVBoostRAG:
         self,
         prompt: Prompt,
         *,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
         seed: int | None = None,
         stop: str | list[str] | None = None,
-        ignore_eos: bool = False,
+        ignore_eos: bool | None = None,
         mode: Mode | None = None,
         repair: RepairStrategy | RepairConfig | None = None,
         exactness: ExactnessConfig | None = None,
@@ -187,14 +194,22 @@ class KVBoostRAG:
     ) -> GenerationStream:
         """Stream text deltas; bad input raises here, before any model work.
 
-        `repair` overrides the engine's prefill repair (a strategy name or a RepairConfig),
-        `exactness` what the answer reads after its first token; `return_first_logits` keeps the
-        first token's fp32 logits on the result, for evals; `timeout_s` ends decoding once that
-        much time has passed (finish_reason "timeout"); `observer` sees every decode step;
-        `ignore_eos` decodes past end-of-sequence tokens (answers of a fixed length, for benchmarks).
+        Sampling: a `SamplingParams` as `sampling`, or its fields one by one (`max_new_tokens`,
+        `temperature`, ...; None: its default), not both. `repair` overrides the engine's prefill
+        repair (a strategy name or a RepairConfig), `exactness` what the answer reads after its
+        first token; `return_first_logits` keeps the first token's fp32 logits on the result, for
+        evals; `timeout_s` ends decoding once that much time has passed (finish_reason "timeout");
+        `observer` sees every decode step; `ignore_eos` decodes past end-of-sequence tokens (answers
+        of a fixed length, for benchmarks).
         """
         started = time.perf_counter()
-        params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        settings = (max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        given: dict[str, Any] = {name: value for name, value in zip(_SAMPLING_FIELDS, settings) if value is not None}
+        if sampling is not None and given:
+            raise TypeError(f"give sampling= or {', '.join(given)}, not both")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        params = sampling if sampling is not None else SamplingParams(**given)
         mode = self._check_mode(mode)
         if timeout_s is not None and not check_real(timeout_s, "timeout_s") > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
@@ -204,7 +219,7 @@ class KVBoostRAG:
             raise PromptTooLongError(
                 f"prompt has {len(tokens)} tokens; the context window of {self.name} is {self.max_context}"
             )
-        store_prompt = self.config.store_prompt_prefixes if store_prompt is None else store_prompt
+        store_prompt = self.config.store_prompt if store_prompt is None else store_prompt
         request = Request(
             tokens=tokens,
             params=params,
@@ -216,7 +231,9 @@ class KVBoostRAG:
             started=started,
             deadline=started + timeout_s if timeout_s is not None else float("inf"),
             timings=StageTimings(tokenize_s=tokenize_s),
-            retrieval=DecodeRetrieval(self.config.retrieval) if self.config.retrieval.applies(len(tokens)) else None,
+            sparse_decode=SparseDecode(self.config.sparse_decode)
+            if self.config.sparse_decode.applies(len(tokens))
+            else None,
         )
         return GenerationStream(self._run(request, observer or NO_OBSERVER))
 
@@ -238,21 +255,12 @@ class KVBoostRAG:
 
     def tokenize_prompt(self, prompt: Prompt) -> np.ndarray:
         """The prompt's token ids; a bad prompt is a TypeError or ValueError naming what is wrong."""
-        checked = check_prompt(prompt)
-        if isinstance(checked, str):
-            ids = self.tokenizer(checked).input_ids
-        else:
-            try:
-                text = self.tokenizer.apply_chat_template(checked, add_generation_prompt=True, tokenize=False)
-            except jinja2.TemplateError as error:  # e.g. a role or an order the template refuses
-                raise ValueError(f"the chat template of {self.name} refuses these messages: {error}") from None
-            ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        return np.asarray(ids, dtype=np.int64)
+        return self._prompts.tokenize(prompt)
 
     def boundaries(self, tokens: np.ndarray) -> list[int]:
         """Where the engine cuts these tokens into chunks."""
         strategy = self.config.chunking
-        texts = None if strategy == "fixed" else self._texts_of(tokens)
+        texts = None if strategy == "fixed" else self._prompts.token_texts(tokens)
         return chunk_boundaries(texts, len(tokens), strategy, self.config.chunk_size, self.config.adaptive_slack)
 
     # internals ---------------------------------------------------------------------------
@@ -264,7 +272,7 @@ class KVBoostRAG:
             raise ValueError(f"reuse is off for {self.name}: {self.unsupported_reason}")
         return mode
 
-    def _run(self, request: Request, observer: DecodeObserver) -> Iterator[str]:
+    def _run(self, request: Request, observer: DecodeObserver) -> Generator[str, None, GenerationResult]:
         timings = request.timings
         mark = time.perf_counter()
         request.boundaries = self.boundaries(request.tokens)
@@ -278,55 +286,9 @@ class KVBoostRAG:
         max_new = min(request.params.max_new_tokens, self.max_context - len(request.tokens))
         yield from self._decoder.run(request, max_new, observer)
         if request.store_prompt:
-            store_prompt_chunks(self.store, self.keys, self.config.chunk_size, request)
-            store_prompt_head(self.store, self.keys, request)
-            self._keep_tail(request)
-        return _result(request)
-
-    def _keep_tail(self, request: Request) -> None:
-        """The turn's new tokens and answer, kept for the next turn of the conversation."""
-        tail = conversation_tail(request, self.config.match_window)
-        if tail is not None:
-            sequence, slots, start = tail
-            keys, values = gather_slots(request.cache, slots)
-            self._warmer.keep(sequence, start, keys, values, exact=request.exact)
+            self._keeper.keep(request)
+        return request.result()
 
     def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
         with self.store.serving():  # the plan's chunks are not evicted while it is made
             return plan_reuse(tokens, boundaries, self.store, self.keys, mode)
-
-    def _texts_of(self, tokens: np.ndarray) -> list[str]:
-        missing = [int(t) for t in set(tokens.tolist()) if int(t) not in self._token_texts]
-        for token, text in zip(missing, self.tokenizer.batch_decode([[t] for t in missing])):
-            self._token_texts[token] = text
-        return [self._token_texts[int(t)] for t in tokens]
-
-
-def _result(request: Request) -> GenerationResult:
-    plan = request.plan
-    assert plan is not None
-    return GenerationResult(
-        text=request.text,
-        mode=request.mode,
-        finish_reason=request.finish,
-        ttft_s=request.ttft_s,
-        second_token_s=request.second_token_s,
-        total_s=time.perf_counter() - request.started,
-        prompt_tokens=len(request.tokens),
-        new_tokens=len(request.generated),
-        reused_exact_tokens=plan.tokens("exact"),
-        reused_approximate_tokens=plan.tokens("approximate"),
-        computed_tokens=plan.tokens("computed"),
-        exact_chunks=plan.exact_chunks,
-        approximate_chunks=plan.approximate_chunks,
-        missed_chunks=plan.missed_chunks,
-        repair_strategy=request.repair.strategy if request.mode == "reuse" else "none",
-        repair_tokens=request.repair_tokens,
-        recomputed_tokens=request.recomputed_tokens,
-        timings=request.timings,
-        refresh_s=request.refresh_s,
-        exact_from=request.exact_from,
-        token_ids=request.generated,
-        first_logits=request.first_logits,
-        retrieval=request.retrieval.stats if request.retrieval is not None else None,
-    )

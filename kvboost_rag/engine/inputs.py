@@ -116,9 +116,10 @@ def check_seed(value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"seed must be an integer or None, got {_kind(value)} {value!r}")
-    if not SEED_RANGE[0] <= value < SEED_RANGE[1]:
+    seed = int(value)
+    if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
         raise ValueError(f"seed must be in [-2**63, 2**64), got {value!r}")
-    return int(value)
+    return seed
 
 
 def check_stop(value: Any) -> list[str]:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,9 +23,13 @@ from ..hf.cache import forward_last_logits, make_cache
 from ..ops.attention import position_mask
 from ..ops.rope import rerotate_keys
 from ..ops.selection import blend_candidates, select_for_recompute
-from ..plan.matching import ReusePlan, Segment
+from ..plan.matching import ReusePlan
 from ..plan.repair import boundary_positions, reused_runs, with_recomputed
+from ..plan.segments import Segment
 from .result import StageTimings
+
+if TYPE_CHECKING:
+    from ..store.entry import ChunkEntry
 
 
 @dataclass(slots=True)
@@ -36,6 +40,9 @@ class Prefill:
     logits: torch.Tensor
     slot_positions: torch.Tensor
     repair_tokens: int = 0
+
+
+Strategy = Callable[["PrefillRunner", np.ndarray, ReusePlan, StageTimings, RepairConfig], Prefill]
 
 
 class PrefillRunner:
@@ -67,7 +74,7 @@ class PrefillRunner:
         the caller to fill.
         """
         cached = [s for s in plan.segments if s.kind != "computed"]
-        dense = {id(s.entry): s.entry.dense_kv() for s in cached}  # dequantized once per entry
+        dense = {id(s.entry): _entry(s).dense_kv() for s in cached}  # dequantized once per entry
         some_keys = dense[id(cached[0].entry)][0]
         layers, heads, _, head_dim = some_keys.shape
         slots = plan.segments[-1].end if in_position_order else sum(len(s) for s in cached)
@@ -77,7 +84,7 @@ class PrefillRunner:
         slot = 0
         for s in cached:
             start = s.start if in_position_order else slot
-            end, source = start + len(s), s.entry.base_position + s.offset
+            end, source = start + len(s), _entry(s).base_position + s.offset
             entry_keys, entry_values = dense[id(s.entry)]
             keys[:, :, start:end] = entry_keys[:, :, s.offset : s.offset + len(s)]
             values[:, :, start:end] = entry_values[:, :, s.offset : s.offset + len(s)]
@@ -136,8 +143,8 @@ class PrefillRunner:
         if repair.blend_boundary_tokens:
             forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
         use_values = repair.deviation == "value"
-        capped = repair.max_tokens_per_run is not None and repair.rho < 1.0
-        limit = repair.max_tokens_per_run * len(reused_runs(plan)) if capped else None
+        cap = repair.max_tokens_per_run
+        limit = cap * len(reused_runs(plan)) if cap is not None and repair.rho < 1.0 else None
 
         def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
             fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
@@ -155,14 +162,15 @@ class PrefillRunner:
         prefill.repair_tokens = int(moved[cache.selected].sum())
         return prefill
 
+    # by `RepairConfig.strategy`; `run` passes the runner itself (they are unbound functions here)
+    strategies: ClassVar[dict[str, Strategy]] = {"none": _none, "boundary": _boundary, "cacheblend": _blend}
+
 
 def _positions(segments: Sequence[Segment], device: torch.device) -> torch.Tensor:
     return torch.cat([torch.arange(s.start, s.end, device=device) for s in segments])
 
 
-Strategy = Callable[[PrefillRunner, np.ndarray, ReusePlan, StageTimings, RepairConfig], Prefill]
-PrefillRunner.strategies: dict[str, Strategy] = {
-    "none": PrefillRunner._none,
-    "boundary": PrefillRunner._boundary,
-    "cacheblend": PrefillRunner._blend,
-}
+def _entry(segment: Segment) -> ChunkEntry:
+    """The entry a cached segment reads: every segment but a computed one carries it."""
+    assert segment.entry is not None, f"a {segment.kind} segment without its entry"
+    return segment.entry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,9 +10,9 @@ import numpy as np
 import torch
 
 from ..config import ExactnessConfig, Mode, RepairConfig
-from ..ops.decode_retrieval import DecodeRetrieval
+from ..ops.sparse_decode import SparseDecode
 from ..plan.matching import ReusePlan
-from .result import FinishReason, StageTimings
+from .result import FinishReason, GenerationResult, StageTimings
 from .sampling import SamplingParams
 
 
@@ -47,9 +48,39 @@ class Request:
     finish: FinishReason = "length"
     ttft_s: float = 0.0
     second_token_s: float | None = None  # from the call to the second sampled token
-    retrieval: DecodeRetrieval | None = None  # decode steps attend to selected pages (long prompts)
+    sparse_decode: SparseDecode | None = None  # decode steps attend to selected pages (long prompts)
 
     @property
     def next_position(self) -> int:
         """The position of the token after the last one generated."""
         return len(self.tokens) + len(self.generated)
+
+    def result(self) -> GenerationResult:
+        """What the caller gets once the answer is done."""
+        plan = self.plan
+        assert plan is not None
+        return GenerationResult(
+            text=self.text,
+            mode=self.mode,
+            finish_reason=self.finish,
+            ttft_s=self.ttft_s,
+            second_token_s=self.second_token_s,
+            total_s=time.perf_counter() - self.started,
+            prompt_tokens=len(self.tokens),
+            new_tokens=len(self.generated),
+            reused_exact_tokens=plan.tokens("exact"),
+            reused_approximate_tokens=plan.tokens("approximate"),
+            computed_tokens=plan.tokens("computed"),
+            exact_chunks=plan.exact_chunks,
+            approximate_chunks=plan.approximate_chunks,
+            missed_chunks=plan.missed_chunks,
+            repair_strategy=self.repair.strategy if self.mode == "reuse" else "none",
+            repair_tokens=self.repair_tokens,
+            recomputed_tokens=self.recomputed_tokens,
+            timings=self.timings,
+            refresh_s=self.refresh_s,
+            exact_from=self.exact_from,
+            token_ids=self.generated,
+            first_logits=self.first_logits,
+            sparse_decode=self.sparse_decode.stats if self.sparse_decode is not None else None,
+        )

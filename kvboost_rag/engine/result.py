@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ..ops.decode_retrieval import RetrievalStats
+from ..ops.sparse_decode import SparseDecodeStats
 
 FinishReason = Literal["stop", "eos", "length", "timeout"]
 
@@ -49,7 +49,7 @@ class GenerationResult:
     exact_from: int | None = None  # the first answer token taken from that exact KV; None: never recomputed
     token_ids: list[int] = field(default_factory=list)
     first_logits: Any = None  # fp32 logits of the first token, when asked for
-    retrieval: RetrievalStats | None = None  # decode-time KV retrieval, where it ran (RetrievalConfig)
+    sparse_decode: SparseDecodeStats | None = None  # sparse decode's counts, where it ran (SparseDecodeConfig)
 
     @property
     def repair_share(self) -> float:

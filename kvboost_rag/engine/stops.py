@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .detokenize import INCOMPLETE
+
 
 def find_stop(text: str, stops: list[str], search_from: int) -> int | None:
     """Where the first stop string starts in `text` at or after `search_from`, if any."""
@@ -10,13 +12,13 @@ def find_stop(text: str, stops: list[str], search_from: int) -> int | None:
 
 
 def held_back(text: str, stops: list[str]) -> int:
-    """How many trailing characters might start a stop string (not yet safe to stream)."""
+    """How many trailing characters are not yet safe to stream: an incomplete multi-byte
+    character, and before it what might start a stop string (the character may complete one)."""
+    complete = text.rstrip(INCOMPLETE)
     hold = 0
     for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
+        for k in range(min(len(stop) - 1, len(complete)), hold, -1):
+            if complete.endswith(stop[:k]):
                 hold = k
                 break
-    if text.endswith("\ufffd"):  # an incomplete multi-byte character
-        hold = max(hold, 1)
-    return hold
+    return hold + len(text) - len(complete)

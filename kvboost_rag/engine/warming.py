@@ -5,32 +5,19 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..config import EngineConfig
 from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.model import model_shape
-from ..ops.quantization import QuantizedTensor, quantize_keys, quantize_values
-from ..plan.keys import (
-    ContentHash,
-    KeySpace,
-    PrefixHash,
-    chained_prefix_hashes,
-    content_hash,
-    document_hash,
-    in_place_key,
-    span_hashes,
-)
-from ..store.entry import ChunkEntry, DocumentRecord, value_norm
-from ..store.memory import ChunkStore
+from ..plan.keys import chained_prefix_hashes, document_hash
+from .documents import Boundaries, DocumentWriter
 from .inputs import check_document, check_text
 from .result import WarmReport
 
-Boundaries = Callable[[np.ndarray], list[int]]
 Neighbours = Sequence[Sequence[str]]  # per document, the texts it is encoded after
 
 
@@ -41,16 +28,14 @@ class Warmer:
         self,
         model: Any,
         tokenizer: Any,
-        config: EngineConfig,
-        store: ChunkStore,
-        keys: KeySpace,
+        writer: DocumentWriter,
         boundaries: Boundaries,
         model_lock: threading.Lock,
         max_context: int,
         prefix_tokens: np.ndarray,
     ) -> None:
-        self.model, self.tokenizer, self.config, self.store = model, tokenizer, config, store
-        self.keys = keys
+        self.model, self.tokenizer = model, tokenizer
+        self.writer, self.store, self.keys = writer, writer.store, writer.keys
         self.boundaries = boundaries
         self.model_lock = model_lock
         self.max_context = max_context
@@ -143,79 +128,7 @@ class Warmer:
         # they are APPROXIMATE candidates only; without, a prompt starting with the document hits EXACT.
         prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, cuts) if start == 0 else None
         kv = keys[:, :, start:], values[:, :, start:]
-        return self.store_document(doc_key, tokens, cuts, self.contents(tokens, cuts), kv, start, prefixes)
-
-    def keep(
-        self,
-        sequence: np.ndarray,
-        start: int,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        exact: bool,
-    ) -> int:
-        """Store KV a request computed anyway (`sequence[start:]`: a conversation's new turn and
-        its answer) as a document found at any offset: no model work. `exact`: it was computed
-        on exact KV, so where it stands after the same tokens it is served as EXACT (each
-        chunk's `in_place_key`). Returns the chunks stored."""
-        tokens = sequence[start:]
-        cuts = self.boundaries(tokens)
-        contents = self.contents(tokens, cuts)
-        prefixes = None
-        if exact:
-            contexts = span_hashes(self.keys.stored_kv, sequence, [start + cut for cut in cuts[:-1]])
-            prefixes = [in_place_key(context, content) for context, content in zip(contexts, contents)]
-        # in place, the span's identity is its whole context; moved, its tokens alone
-        doc_key = prefixes[-1] if prefixes else document_hash(self.keys.document, tokens)
-        with self.store.serving():
-            if self.store.has_document(doc_key):
-                return 0
-            return self.store_document(doc_key, tokens, cuts, contents, (keys, values), start, prefixes, persist=False)
-
-    def contents(self, tokens: np.ndarray, cuts: list[int]) -> list[ContentHash]:
-        """The content hash of each chunk [cuts[i], cuts[i + 1]) of a document."""
-        return [content_hash(self.keys.document, tokens[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-
-    def store_document(
-        self,
-        doc_key: bytes,
-        tokens: np.ndarray,
-        cuts: list[int],
-        contents: list[ContentHash],
-        kv: tuple[torch.Tensor, torch.Tensor],
-        base_position: int,
-        prefixes: list[PrefixHash] | None,
-        *,
-        persist: bool = True,
-    ) -> int:
-        """A document's chunks (cut at `cuts`, with their `contents` hashes) from its KV
-        [L, H, len(tokens), D], computed at `base_position`..; `prefixes`: each chunk's EXACT key
-        where its KV is full prefill's (None: moved only); `persist`: into the persistent tiers
-        too (a warmed corpus), or memory only (a chat)."""
-        keys, values = kv
-        fingerprint = self.keys.document
-        spans = list(zip(cuts[:-1], cuts[1:]))
-        stored = 0
-        for i, (chunk_start, chunk_end) in enumerate(spans):
-            kv_slice = slice(chunk_start, chunk_end)
-            entry = ChunkEntry(
-                tokens=tokens[chunk_start:chunk_end].copy(),
-                keys=self._kept(keys[:, :, kv_slice], quantize_keys),
-                values=self._kept(values[:, :, kv_slice], quantize_values),
-                base_position=base_position + chunk_start,
-                fingerprint=fingerprint,
-                content_hash=contents[i],
-                prefix_hash=prefixes[i] if prefixes else None,
-                next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
-                importance=value_norm(values[:, :, kv_slice]),
-            )
-            stored += self.store.put(entry, persist=persist)
-        self.store.add_document(DocumentRecord(doc_key, fingerprint, tuple(contents), len(tokens)), persist=persist)
-        return stored
-
-    def _kept(self, kv: torch.Tensor, quantizer: Any) -> torch.Tensor | QuantizedTensor:
-        """A chunk's slice as kept: quantized, or cloned so it does not pin its whole document."""
-        kind = self.config.kv_quantization
-        return quantizer(kv, kind) if kind else kv.clone()
+        return self.writer.write(doc_key, tokens, cuts, self.writer.contents(tokens, cuts), kv, start, prefixes)
 
     def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of the warm prefix, computed once."""

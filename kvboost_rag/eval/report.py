@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from .run import run_info
 from .runner import CLEAR_MARGIN, EvalReport
 
 COLUMNS = [
@@ -117,8 +118,6 @@ def plot(report: EvalReport, path: Path) -> None:
 def write(report: EvalReport, out_dir: Path, stem: str) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md", "plot": out_dir / f"{stem}.png"}
-    from .harness import run_info  # where and how: timings compare only within one machine
-
     data = {
         "run": run_info(),
         "settings": report.settings,

@@ -10,18 +10,20 @@ import hashlib
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..neighbours import default_embedder_path, embed, load_embedder, nearest_others
 from ..paths import cache_dir
-from .data import Passage, QAExample, corpus, load_qa
+from ..records import Passage
+from .data import QAExample, corpus, load_qa
 
 
 class PassageIndex:
     """Top-k passages for a query by cosine similarity (inner product of unit vectors)."""
 
-    def __init__(self, passages: list[Passage], embeddings: np.ndarray, embedder: object) -> None:
+    def __init__(self, passages: list[Passage], embeddings: np.ndarray, embedder: Any) -> None:
         import faiss
 
         self.passages = passages

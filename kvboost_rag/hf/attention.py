@@ -23,7 +23,7 @@ from ..ops.attention import (
     single_query_attention,
     single_query_on_matmuls,
 )
-from ..ops.decode_retrieval import ACTIVE_RETRIEVAL
+from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .blend import ACTIVE_BLEND, SelectiveCache
 from .cache import float_keys_for
 
@@ -57,9 +57,9 @@ def few_queries_attention(
     ):  # CacheBlend's selected queries, by position, over K/V in position order
         assert blend.selected is not None  # set with selected_mask
         return blockwise_grouped_attention(query, key, value, attention_mask, scale, blend.selected), None
-    retrieval = ACTIVE_RETRIEVAL.get()
-    if retrieval is not None and not dropout and kwargs.get("softcap") is None and kwargs.get("sliding_window") is None:
-        selected = retrieval.attend(module.layer_idx, query, key, value, scale)
+    sparse = ACTIVE_SPARSE_DECODE.get()
+    if sparse is not None and not dropout and kwargs.get("softcap") is None and kwargs.get("sliding_window") is None:
+        selected = sparse.attend(module.layer_idx, query, key, value, scale)
         if selected is not None:
             return selected, None
     kv_heads, length = key.shape[1], key.shape[2]

@@ -136,6 +136,7 @@ def _feed_forward_on_selected(layer: Any, cache: SelectiveCache, n: int) -> list
         if not args or args[0].shape[1] == n:  # not narrowed: the input reached it whole
             return None
         hidden = output if isinstance(output, torch.Tensor) else output[0]  # MoE blocks add router logits
+        assert cache.selected is not None  # narrow_in narrowed the input to it
         full = hidden.new_zeros(hidden.shape[0], n, *hidden.shape[2:]).index_copy_(1, cache.selected, hidden)
         return full if isinstance(output, torch.Tensor) else (full, *output[1:])
 

@@ -45,6 +45,7 @@ class GrowingLayer(DynamicLayer):
         """
         assert self._key_buffer is not None
         if self._key_buffer.dtype == torch.float32:
+            assert self.keys is not None  # a view of the buffer, set with it
             return self.keys
         if self._float_keys is None:  # dropped whenever the buffer is replaced
             self._float_keys = torch.empty(self._key_buffer.shape, dtype=torch.float32, device=self._key_buffer.device)
@@ -66,8 +67,7 @@ class GrowingLayer(DynamicLayer):
         assert self._key_buffer is not None and self._value_buffer is not None
         self._key_buffer[..., self._length : end, :].copy_(key_states)
         self._value_buffer[..., self._length : end, :].copy_(value_states)
-        self._set_length(end)
-        return self.keys, self.values
+        return self._set_length(end)
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
@@ -89,17 +89,19 @@ class GrowingLayer(DynamicLayer):
             (*values.shape[:-2], capacity, values.shape[-1]),
         )
         key_buffer, value_buffer = keys.new_empty(shape_k), values.new_empty(shape_v)
-        if self._key_buffer is not None and self._length:
+        if self._key_buffer is not None and self._value_buffer is not None and self._length:  # set together
             key_buffer[..., : self._length, :].copy_(self._key_buffer[..., : self._length, :])
             value_buffer[..., : self._length, :].copy_(self._value_buffer[..., : self._length, :])
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
         self._float_keys, self._float_length = None, 0  # made again, at the new capacity, when asked
 
-    def _set_length(self, length: int) -> None:
+    def _set_length(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hold `length` tokens; the new `keys` and `values` (views of the buffers)."""
         assert self._key_buffer is not None and self._value_buffer is not None
         self._length = length
-        self.keys = self._key_buffer[..., :length, :]
-        self.values = self._value_buffer[..., :length, :]
+        self.keys = keys = self._key_buffer[..., :length, :]
+        self.values = values = self._value_buffer[..., :length, :]
+        return keys, values
 
 
 # The cache of the forward pass this thread runs, for the attention path's float32 keys.
@@ -144,15 +146,21 @@ def make_cache(keys: torch.Tensor | None = None, values: torch.Tensor | None = N
 
 def stacked_kv(cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
     """Every layer's K/V as fresh stacked tensors [L, H, n, D]."""
-    keys = torch.stack([layer.keys[0] for layer in cache.layers])
-    values = torch.stack([layer.values[0] for layer in cache.layers])
+    # NOTE (here and below): transformers types a cache layer as a union (its linear-attention and
+    # dummy layers have no K/V) with Optional K/V; these caches hold filled attention layers only.
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])  # type: ignore[union-attr,index]
+    values = torch.stack([layer.values[0] for layer in cache.layers])  # type: ignore[union-attr,index]
     return keys, values
 
 
 def gather_slots(cache: DynamicCache, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The given slots of every layer as fresh stacked tensors [L, H, len(slots), D]."""
-    keys = torch.stack([layer.keys[0].index_select(1, slots) for layer in cache.layers])
-    values = torch.stack([layer.values[0].index_select(1, slots) for layer in cache.layers])
+    keys = torch.stack(
+        [layer.keys[0].index_select(1, slots) for layer in cache.layers]  # type: ignore[union-attr,index]
+    )
+    values = torch.stack(
+        [layer.values[0].index_select(1, slots) for layer in cache.layers]  # type: ignore[union-attr,index]
+    )
     return keys, values
 
 

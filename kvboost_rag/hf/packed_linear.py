@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .cpu import onednn_bf16
 from .fingerprint import remember_weight_digest
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,14 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def packing_pays(model: Any) -> bool:
-    """Whether `pack_linear_layers` would change `model`: bf16 weights on a CPU with oneDNN."""
+    """Whether `pack_linear_layers` would change `model`: bf16 weights on a CPU whose oneDNN runs
+    bf16 (on an AVX2-only CPU it refuses to pack them)."""
     weight = next(model.parameters())
     return (
         weight.device.type == "cpu"
         and weight.dtype in PACKED_DTYPES
         and torch.backends.mkldnn.is_available()
+        and onednn_bf16()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )

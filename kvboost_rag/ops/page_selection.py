@@ -1,4 +1,4 @@
-"""Decode-time KV retrieval (Quest's bound, FreeKV's selection): which pages a query attends to.
+"""Sparse decode's page selection (Quest's bound, FreeKV's selection): which pages a query attends to.
 
 The cache is cut into pages of `page_size` tokens; each page keeps the element-wise min and max
 of its keys per KV head. For a query q, sum_d max(q_d * min_d, q_d * max_d) bounds q.k for

@@ -24,7 +24,7 @@ def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
     return np.asarray(tokens, dtype=np.int64).tobytes()
 
 
-def prefix_hash(fingerprint: Fingerprint, parent: PrefixHash | None, tokens: Sequence[int]) -> PrefixHash:
+def prefix_hash(fingerprint: Fingerprint, parent: PrefixHash | None, tokens: Sequence[int] | np.ndarray) -> PrefixHash:
     """Hash of a chunk and everything before it: equal hashes mean identical KV."""
     h = hashlib.sha256(b"prefix\0" + fingerprint)
     h.update(parent if parent is not None else b"root")
@@ -33,7 +33,7 @@ def prefix_hash(fingerprint: Fingerprint, parent: PrefixHash | None, tokens: Seq
 
 
 def chained_prefix_hashes(
-    fingerprint: Fingerprint, tokens: Sequence[int], boundaries: Sequence[int]
+    fingerprint: Fingerprint, tokens: Sequence[int] | np.ndarray, boundaries: Sequence[int]
 ) -> list[PrefixHash]:
     """Prefix hash of every chunk [boundaries[i], boundaries[i+1])."""
     hashes: list[PrefixHash] = []
@@ -69,12 +69,12 @@ def in_place_key(context: PrefixHash, content: ContentHash) -> PrefixHash:
     return PrefixHash(hashlib.sha256(b"in-place\0" + context + content).digest())
 
 
-def content_hash(fingerprint: Fingerprint, tokens: Sequence[int]) -> ContentHash:
+def content_hash(fingerprint: Fingerprint, tokens: Sequence[int] | np.ndarray) -> ContentHash:
     """Hash of a chunk's tokens alone, wherever it stood."""
     return ContentHash(hashlib.sha256(b"content\0" + fingerprint + token_bytes(tokens)).digest())
 
 
-def document_hash(fingerprint: Fingerprint, tokens: Sequence[int]) -> bytes:
+def document_hash(fingerprint: Fingerprint, tokens: Sequence[int] | np.ndarray) -> bytes:
     return hashlib.sha256(b"document\0" + fingerprint + token_bytes(tokens)).digest()
 
 

@@ -3,70 +3,28 @@
 The prompt's own tokens are the truth. EXACT: leading prompt chunks whose chained prefix hash is
 stored (identical tokens and context, so identical KV), or the prompt's head (the tokens before
 its first reused document: a system prompt and a template's opening) as an earlier prompt left
-it. APPROXIMATE: any later run of at least
-`match_window` tokens identical to a stored chunk, found through window-key lookups and extended
-token by token, so a document is found at any offset and in any order even when its edges were
-tokenized differently inside the prompt. Everything else is computed.
+it. APPROXIMATE: any later run of at least `match_window` tokens identical to a stored chunk
+(`approximate`). Everything else is computed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config import Mode
-from .keys import (
-    ContentHash,
-    Fingerprint,
-    KeySpace,
-    PrefixHash,
-    WindowKey,
-    chained_prefix_hashes,
-    in_place_key,
-    prefix_hash,
-    span_hashes,
-    window_keys,
-)
+from .approximate import approximate_segments
+from .keys import KeySpace, PrefixHash, chained_prefix_hashes, in_place_key, prefix_hash, span_hashes
+from .segments import ChunkLookup, Segment, SegmentKind
 
 if TYPE_CHECKING:
     from ..store.entry import ChunkEntry
 
-SegmentKind = Literal["exact", "approximate", "computed"]
 # A shorter head is not worth an entry: its tokens cost less than the lookup saves.
 MIN_HEAD_TOKENS = 8
-
-
-class ChunkLookup(Protocol):
-    """What matching asks of a store: index lookups only (the memory tier implements it)."""
-
-    match_window: int
-
-    def get_exact(self, key: PrefixHash) -> ChunkEntry | None: ...
-
-    def get_content(self, key: ContentHash) -> ChunkEntry | None: ...
-
-    def prefetch(self, keys: list[WindowKey]) -> None: ...
-
-    def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]: ...
-
-    def mark_used(self, entries: Iterable[ChunkEntry]) -> None: ...
-
-
-@dataclass(slots=True, frozen=True)
-class Segment:
-    """Prompt tokens [start, end); cached ones read entry tokens [offset, offset + len)."""
-
-    start: int
-    end: int
-    kind: SegmentKind
-    entry: ChunkEntry | None = None
-    offset: int = 0
-
-    def __len__(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(slots=True)
@@ -105,7 +63,7 @@ def plan_reuse(
         cached, exact_chunks = _exact_segments(tokens, boundaries, store, keys)
         if mode == "reuse":
             start = cached[-1].end if cached else 0
-            found = _approximate_segments(tokens, start, store, keys.document)
+            found = approximate_segments(tokens, start, store, keys.document)
             cached += _head(tokens, found, store, keys) if not cached else []
             cached += _in_place_exact(tokens, found, keys)
     cached = _leave_last_token(cached, n)
@@ -150,97 +108,12 @@ def head_key(keys: KeySpace, head: np.ndarray) -> PrefixHash:
 
 def _head(tokens: np.ndarray, found: list[Segment], store: ChunkLookup, keys: KeySpace) -> list[Segment]:
     """The head before the first found document as an EXACT segment, where an earlier prompt
-    stored it (`engine.prompt_cache.store_prompt_head`)."""
+    stored it (`engine.keeping.store_prompt_head`)."""
     if not found or found[0].start < MIN_HEAD_TOKENS:
         return []
     end = found[0].start
     entry = store.get_exact(head_key(keys, tokens[:end]))
     return [Segment(0, end, "exact", entry, 0)] if _serves_exact(entry, keys, tokens, 0, end) else []
-
-
-def _approximate_segments(
-    tokens: np.ndarray, start: int, store: ChunkLookup, fingerprint: Fingerprint
-) -> list[Segment]:
-    window = store.match_window
-    # NOTE: windows are indexed every `window` tokens of an entry, so the scan resumes window - 1
-    # tokens before what is covered (the EXACT chunks, then each run found): the rest of an entry
-    # whose first part is covered already (a chat turn kept in place, after a stored prompt chunk
-    # or an earlier turn that overlaps it) is then found by a window that begins in the covered
-    # part, and the run is cut where that part ends.
-    scan = max(0, start - window + 1)
-    if len(tokens) - scan < window:
-        return []
-    keys = window_keys(fingerprint, tokens[scan:], window)
-    store.prefetch(keys)
-    segments: list[Segment] = []
-    covered = start
-    i = scan
-    while i - scan < len(keys):
-        best: list[Segment] = []
-        gain, placed = 0, False
-        for entry, offset in store.window_candidates(keys[i - scan]):
-            if entry.fingerprint != fingerprint:
-                continue  # an 8-byte window key collided with another key space's
-            run = _extend_match(tokens, i, entry, offset, covered, store)
-            beyond = _from(run, covered)
-            new = sum(map(len, beyond))
-            # of equal runs, one that stands where it was computed (a chat turn seen twice); a
-            # moved run must add a window's worth, a run in place any part (it may be EXACT)
-            here = entry.base_position == i - offset
-            if sum(map(len, run)) >= window and (new >= window or here) and (new, here) > (gain, placed):
-                best, gain, placed = beyond, new, here
-        if gain:
-            segments += best
-            covered = best[-1].end
-            i = max(i + 1, covered - window + 1)
-        else:
-            i += 1
-    return segments
-
-
-def _from(run: list[Segment], start: int) -> list[Segment]:
-    """The run's segments cut to begin at `start` or later."""
-    kept = []
-    for s in run:
-        if s.end <= start:
-            continue
-        if s.start < start:
-            s = Segment(start, s.end, s.kind, s.entry, s.offset + start - s.start)
-        kept.append(s)
-    return kept
-
-
-def _extend_match(
-    tokens: np.ndarray, position: int, entry: ChunkEntry, offset: int, floor: int, store: ChunkLookup
-) -> list[Segment]:
-    """The run of prompt tokens equal to the entry's around (position, offset), crossing into
-    the following chunks of the same document."""
-    back = 0
-    while (
-        position - back > floor and offset - back > 0 and tokens[position - back - 1] == entry.tokens[offset - back - 1]
-    ):
-        back += 1
-    run: list[Segment] = []
-    start, entry_offset = position - back, offset - back
-    current: ChunkEntry | None = entry
-    while current is not None and start < len(tokens):
-        length = _common_prefix(tokens[start:], current.tokens[entry_offset:])
-        if length == 0:
-            break
-        run.append(Segment(start, start + length, "approximate", current, entry_offset))
-        start += length
-        if entry_offset + length < len(current) or current.next_chunk is None:
-            break
-        following = store.get_content(current.next_chunk)
-        current = following if following is not None and following.fingerprint == current.fingerprint else None
-        entry_offset = 0
-    return run
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
 
 
 def _in_place_exact(tokens: np.ndarray, segments: list[Segment], keys: KeySpace) -> list[Segment]:
@@ -295,7 +168,7 @@ def _fill_gaps(cached: list[Segment], n: int) -> list[Segment]:
 
 
 def _chunks_touched(boundaries: Sequence[int], segments: list[Segment]) -> int:
-    touched = set()
+    touched: set[int] = set()
     for segment in segments:
         first = int(np.searchsorted(boundaries, segment.start, side="right")) - 1
         last = int(np.searchsorted(boundaries, segment.end - 1, side="right")) - 1

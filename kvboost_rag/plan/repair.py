@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .matching import ReusePlan, Segment
+from .matching import ReusePlan
+from .segments import Segment
 
 
 def continues(previous: Segment, segment: Segment) -> bool:

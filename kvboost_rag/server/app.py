@@ -119,22 +119,18 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
 
     @app.get("/kvboost/store", dependencies=[Depends(authorized)])
     async def store_stats() -> dict[str, Any]:
-        tiers = [{"tier": type(t).__name__, "models": [asdict(m) for m in t.stats()]} for t in _persistent(engine)]
+        tiers = [{"tier": type(t).__name__, "models": [asdict(m) for m in t.stats()]} for t in engine.store.tiers]
         return {"memory": asdict(engine.store.stats()), "persistent": tiers}
 
     @app.post("/kvboost/store/prune", dependencies=[Depends(authorized)])
     async def prune(body: PruneRequest) -> dict[str, Any]:
-        tiers = _persistent(engine)
+        tiers = engine.store.tiers
         if not tiers:
             raise APIError(400, "this server keeps chunks in memory only: nothing to prune", param="budget_bytes")
         evicted = await anyio.to_thread.run_sync(lambda: sum(t.prune(body.budget_bytes) for t in tiers))
         return {"evicted_chunks": evicted}
 
     return app
-
-
-def _persistent(engine: KVBoostRAG) -> list[Any]:
-    return [t for t in engine.store.tiers if hasattr(t, "prune") and hasattr(t, "stats")]
 
 
 def _drain(stream: GenerationStream, slot: RunningSlot) -> GenerationResult:

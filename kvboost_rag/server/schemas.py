@@ -2,15 +2,18 @@
 
 Every field the OpenAI API defines is named here: the ones we implement are used, the others are
 accepted only at their no-op value (`n` 1, penalties 0, ...) and refused by name otherwise
-(`refuse_unsupported`). A field OpenAI does not define is refused as OpenAI refuses it.
+(`refuse_unsupported`). A field OpenAI does not define is refused as OpenAI refuses it; ours
+(`kvboost`) come from the option table (`kvboost_rag.options`), by the names every front-end takes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import is_dataclass
+from typing import Any, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model
 
+from ..options import CALL_OPTIONS, Option
 from .errors import APIError, unsupported
 
 Number = StrictInt | StrictFloat
@@ -60,15 +63,36 @@ class ChatMessage(BaseModel):
         return "".join(texts)
 
 
-class KVBoostOptions(Strict):
-    """Our own options, under one extra object so they never collide with OpenAI's."""
+# The table's call options that OpenAI's request defines too, by OpenAI's names and ranges.
+OPENAI_OPTIONS = frozenset({"max_tokens", "temperature", "top_p", "seed", "stop"})
 
-    top_k: StrictInt | None = Field(None, ge=0)
-    mode: Literal["full", "prefix", "reuse"] | None = None
-    repair: Literal["none", "boundary", "cacheblend"] | None = None
-    refresh: StrictBool | None = None  # the opt-in exact answer: the prompt recomputed after the first token
-    store_prompt: StrictBool | None = None
-    timeout_s: Number | None = Field(None, gt=0)
+
+def _json_type(option: Option) -> Any:
+    """The option's type less what JSON cannot carry (a RepairConfig, an ExactnessConfig); None
+    when nothing is left."""
+    members = [t for t in get_args(option.type) or (option.type,) if t is not type(None) and not is_dataclass(t)]
+    return Union[(*members, None)] if members else None
+
+
+class _Ours(BaseModel):
+    """Strict as JSON is: "5" is no number, "yes" no boolean."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    refresh: bool | None = Field(
+        None,
+        description="Recompute the prompt after the first token (ExactnessConfig.exact_answer), the "
+        "opt-in exact answer: JSON cannot carry the `exactness` option itself.",
+    )
+
+
+_FIELDS: dict[str, Any] = {
+    o.name: (json_type, Field(None, description=o.doc))
+    for o in CALL_OPTIONS
+    if o.name not in OPENAI_OPTIONS and (json_type := _json_type(o)) is not None
+}
+# Our own options, from the option table, under one extra object so they never collide with
+# OpenAI's; their values are the engine's to check (a 400 with its message).
+KVBoostOptions: type[_Ours] = create_model("KVBoostOptions", __base__=_Ours, __module__=__name__, **_FIELDS)
 
 
 class GenerationFields(Strict):
@@ -83,7 +107,7 @@ class GenerationFields(Strict):
     top_p: Number | None = Field(None, gt=0, le=1)
     seed: StrictInt | None = None
     user: StrictStr | None = None  # metadata OpenAI keeps for abuse monitoring; nothing to do here
-    kvboost: KVBoostOptions | None = None
+    kvboost: KVBoostOptions | None = None  # type: ignore[valid-type]
     # defined by OpenAI, served at their no-op value only
     n: StrictInt | None = None
     logprobs: Any = None

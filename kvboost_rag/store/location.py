@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -25,6 +26,7 @@ DEFAULT_TTL_S = 7 * 24 * 3600
 # NOTE: short, so a dead server costs a request one timeout, not many; redis-py's default waits forever.
 DEFAULT_TIMEOUTS = {"socket_timeout": "2", "socket_connect_timeout": "1"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_Default = TypeVar("_Default", int, None)  # what _integer gives when the option is absent
 
 
 def is_redis_url(location: str) -> bool:
@@ -48,7 +50,7 @@ class RedisLocation:
         if parts.scheme not in SCHEMES:
             raise ValueError(f"a Redis store URL starts with redis://, rediss:// or unix://, got {url!r}")
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        ours = {
+        ours: dict[str, str] = {
             name: query.pop(name) for name in ("namespace", "shards", "ttl", "cluster", "retry_after") if name in query
         }
         namespace = ours.get("namespace", "kvboost")
@@ -113,7 +115,7 @@ class StoreLocations:
         return cls(directories[0] if directories else None, urls[0] if urls else None)
 
 
-def _integer(options: dict[str, str], name: str, default: int | None, minimum: int) -> int | None:
+def _integer(options: dict[str, str], name: str, default: _Default, minimum: int) -> int | _Default:
     if name not in options:
         return default
     try:

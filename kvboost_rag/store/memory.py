@@ -3,9 +3,9 @@
 Indexes: prefix hash -> entry (EXACT), content hash -> entry, and token-window keys -> (entry,
 offset) so a prompt is matched by index lookups, never by scanning stored documents. Entries are
 immutable once stored, so readers use them outside the lock. Eviction follows the keep score of
-`eviction.py` (recency, hits, importance), through a heap; pinned entries stay. Misses are looked
-up in the persistent tiers below (`tier.py`), in order, and document chunks are written through
-to all of them.
+`eviction.py` (recency, hits, importance), through a heap; pinned entries stay, and so do the
+chunks of a request being served. The tiers below memory are the chunk store's to consult
+(`chunk_store.py`): this tier knows none of them.
 """
 
 from __future__ import annotations
@@ -13,22 +13,18 @@ from __future__ import annotations
 import heapq
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TypeVar
 
 from ..plan.keys import ContentHash, PrefixHash, WindowKey, indexed_window_keys
 from .entry import ChunkEntry, DocumentRecord
 from .eviction import EvictionWeights, Usage, keep_score
-from .tier import ChunkTier
-
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
-class StoreStats:
+class MemoryStats:
     entries: int
     bytes: int
     documents: int
@@ -36,22 +32,15 @@ class StoreStats:
     pinned: int
 
 
-# The request this thread is serving, per store: (store id, request number).
+# The request this thread is serving, per memory tier: (tier id, request number).
 _SERVING: ContextVar[tuple[int, int] | None] = ContextVar("kvboost_serving", default=None)
 
 
-class ChunkStore:
+class MemoryTier:
     """Thread-safe; every public method takes the lock."""
 
-    def __init__(
-        self,
-        budget_bytes: int,
-        match_window: int,
-        weights: EvictionWeights | None = None,
-        tiers: Sequence[ChunkTier] = (),
-    ) -> None:
+    def __init__(self, budget_bytes: int, match_window: int, weights: EvictionWeights | None = None) -> None:
         self.budget_bytes = budget_bytes
-        self.tiers = list(tiers)  # persistent tiers below memory, in lookup order
         self.match_window = match_window
         self.weights = weights or EvictionWeights()
         self._lock = threading.RLock()
@@ -61,7 +50,6 @@ class ChunkStore:
         self._requests = 0  # the request clock: recency is counted in requests
         self._active: set[int] = set()  # requests being served: their chunks are not evicted
         self._warned_budget = False
-        self.tier_errors = 0  # tier calls that failed and were served without the tier
         self._norm_total, self._norm_count = 0.0, 0
         self._by_prefix: dict[PrefixHash, int] = {}
         self._by_content: dict[ContentHash, int] = {}
@@ -74,27 +62,15 @@ class ChunkStore:
     # lookups -----------------------------------------------------------------------------
     def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
         with self._lock:
-            found = self._touch(self._by_prefix.get(key))
-        return found if found is not None else self._from_tiers(lambda tier: tier.get_exact(key))
+            return self._touch(self._by_prefix.get(key))
 
-    def get_content(self, key: ContentHash) -> ChunkEntry | None:
+    def get(self, key: ContentHash) -> ChunkEntry | None:
         with self._lock:
-            found = self._touch(self._by_content.get(key))
-        return found if found is not None else self._from_tiers(lambda tier: tier.get(key))
+            return self._touch(self._by_content.get(key))
 
-    def _from_tiers(self, lookup: Callable[[ChunkTier], ChunkEntry | None]) -> ChunkEntry | None:
-        """A memory miss looked up in each tier in order; a hit is kept in memory."""
-        found = next(
-            (hit for t in self.tiers if (hit := self.safely(t, "lookup", lambda: lookup(t), None)) is not None),
-            None,
-        )
-        if found is not None:
-            self._put_memory(found)
-        return found
-
-    def prefetch(self, keys: list[WindowKey]) -> None:
-        """Bring chunks holding any of these windows from the tiers into memory (one batched
-        query per tier)."""
+    def touch_windows(self, keys: Iterable[WindowKey]) -> list[WindowKey]:
+        """Keep the chunks holding any of these windows while this request runs (candidates, not
+        hits); the windows no chunk here holds, for the tiers below."""
         with self._lock:
             missing = []
             for key in keys:
@@ -102,26 +78,18 @@ class ChunkStore:
                 if postings is None:
                     missing.append(key)
                 for entry_id, _ in postings or ():
-                    self._touch(entry_id, hit=False)  # a candidate of this request: kept while it runs
-        if not self.tiers:
-            return
-        for tier in self.tiers:
-            for content in self.safely(tier, "window lookup", lambda: tier.window_hits(missing), []):
-                self.get_content(content)
+                    self._touch(entry_id, hit=False)
+            return missing
 
     def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]:
         with self._lock:
             return [(self._entries[i], offset) for i, offset in self._by_window.get(key, ())]
 
-    def mark_used(self, entries: Iterable[ChunkEntry]) -> None:
-        """Count a hit for entries a prompt reused (found through window candidates)."""
-        used = {e.content_hash: e for e in entries}
+    def mark_used(self, keys: Iterable[ContentHash]) -> None:
+        """Count a hit for each of these chunks that is here."""
         with self._lock:
-            for key in used:
+            for key in keys:
                 self._touch(self._by_content.get(key))
-        if used:
-            for tier in self.tiers:
-                self.safely(tier, "recording use", lambda: tier.touch(used), None)
 
     def pin(self, key: ContentHash, pinned: bool = True) -> bool:
         """Keep (or stop keeping) a chunk whatever the budget asks; False if it is not stored."""
@@ -135,30 +103,20 @@ class ChunkStore:
             return True
 
     def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
+        """Pin every chunk of a document; False when it is not recorded or a chunk is gone."""
         with self._lock:
             chunks = self._documents.get(doc_key)
-            in_memory = chunks is not None and all(self.pin(chunk, pinned) for chunk in chunks)
-        in_tiers = [self.safely(t, "pinning", lambda: t.pin_document(doc_key, pinned), False) for t in self.tiers]
-        return in_memory or any(in_tiers)
+            return chunks is not None and all(self.pin(chunk, pinned) for chunk in chunks)
 
     def has_document(self, doc_key: bytes) -> bool:
-        """Whether every chunk of the document is stored, in memory or on disk."""
+        """Whether the document and every one of its chunks are here."""
         with self._lock:
             chunks = self._documents.get(doc_key)
-            if chunks is not None and all(c in self._by_content for c in chunks):
-                return True
-        return any(self.safely(t, "document lookup", lambda: t.has_document(doc_key), False) for t in self.tiers)
+            return chunks is not None and all(c in self._by_content for c in chunks)
 
     # writes ------------------------------------------------------------------------------
-    def put(self, entry: ChunkEntry, *, persist: bool = True) -> bool:
-        """Store an entry (document chunks in every tier too, unless `persist` is False: a chat's
-        history is this process's, not the shared corpus'); False when it was there already or
-        fits nowhere."""
-        tiers = self.tiers if entry.approximate_ok and persist else []
-        in_tiers = [self.safely(t, "storing a chunk", lambda: t.put(entry), False) for t in tiers]
-        return self._put_memory(entry) or any(in_tiers)
-
-    def _put_memory(self, entry: ChunkEntry) -> bool:
+    def put(self, entry: ChunkEntry) -> bool:
+        """Store an entry; False when it was there already or does not fit the budget."""
         with self._lock:
             held = self._by_prefix.get(entry.prefix_hash) if entry.prefix_hash is not None else None
             if held is not None and (self._entries[held].approximate_ok or not entry.approximate_ok):
@@ -196,43 +154,15 @@ class ChunkStore:
                 return False
             return True
 
-    def add_document(self, record: DocumentRecord, *, persist: bool = True) -> None:
-        """Record a document once all its chunks are stored (in a tier: only then is it complete)."""
+    def add_document(self, record: DocumentRecord) -> None:
         with self._lock:
             self._documents[record.doc_key] = list(record.chunks)
-        for tier in self.tiers if persist else []:
-            # NOTE: recorded only where every chunk is: a tier that failed to store one (a full
-            # disk) keeps no document that would claim to be complete.
-            if self.safely(tier, "storing a document", lambda: self._holds_all(tier, record), False):
-                self.safely(tier, "storing a document", lambda: tier.put_document(record), None)
-
-    def _holds_all(self, tier: ChunkTier, record: DocumentRecord) -> bool:
-        return all(tier.contains(chunk) for chunk in record.chunks)
-
-    def safely(self, tier: ChunkTier, what: str, call: Callable[[], T], default: T) -> T:
-        """A tier call whose failure (a full disk, a broken index, a lost connection) is a warning
-        and a miss: the cache is optional, so it never fails a request."""
-        try:
-            return call()
-        except Exception as error:  # noqa: BLE001 - any store error becomes a recompute
-            with self._lock:
-                self.tier_errors += 1
-            warnings.warn(
-                f"kvboost-rag: {what} in {tier!r} failed ({type(error).__name__}: {error}); served without it",
-                stacklevel=3,
-            )
-            return default
-
-    def close(self) -> None:
-        """Close the tiers below (a disk tier checkpoints its index: readers see every write)."""
-        for tier in self.tiers:
-            self.safely(tier, "closing", tier.close, None)
 
     # bookkeeping -------------------------------------------------------------------------
-    def stats(self) -> StoreStats:
+    def stats(self) -> MemoryStats:
         with self._lock:
             pinned = sum(u.pinned for u in self._usage.values())
-            return StoreStats(len(self._entries), self._bytes, len(self._documents), self._evictions, pinned)
+            return MemoryStats(len(self._entries), self._bytes, len(self._documents), self._evictions, pinned)
 
     def __iter__(self) -> Iterator[ChunkEntry]:
         with self._lock:

@@ -3,6 +3,7 @@ Redis URL, or both (comma-separated), looked up in that order: memory, disk, Red
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import warnings
 
@@ -10,9 +11,9 @@ import torch
 
 from ..config import EngineConfig
 from ..plan.keys import Fingerprint
+from .chunk_store import ChunkStore
 from .disk import DiskStore
 from .location import StoreLocations
-from .memory import ChunkStore
 from .settings import KeySettings, StoreSettingsError, reconcile
 from .tier import ChunkTier
 
@@ -80,7 +81,9 @@ def record_settings(store: ChunkStore, model: Fingerprint, config: EngineConfig)
     """Write down, in every persistent tier, the settings documents are about to be stored with;
     False where a tier could not be written (a warning; tried again at the next warm)."""
     settings = KeySettings.of(config)
-    return all(
-        store.safely(t, "recording settings", lambda t=t: t.record_settings(model, settings) or True, False)
-        for t in store.tiers
-    )
+
+    def write(tier: ChunkTier) -> bool:
+        tier.record_settings(model, settings)
+        return True
+
+    return all(store.safely(t, "recording settings", functools.partial(write, t), False) for t in store.tiers)

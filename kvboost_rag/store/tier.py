@@ -1,8 +1,9 @@
 """The interface of a persistent tier below the memory tier: disk (`disk/`) and Redis (`redis/`).
 
 Small on purpose, after LMCache's storage backends: chunks by key (contains, get, put, remove,
-close), the window index that approximate matching looks up, and document records. The memory
-tier looks misses up in each tier in order and writes document chunks through to all of them.
+close), the window index that approximate matching looks up, document records, and the two
+maintenance calls every tier answers (stats, prune). The chunk store (`chunk_store.py`) looks
+memory's misses up in each tier in order and writes document chunks through to all of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from .settings import KeySettings
 
 @dataclass(slots=True)
 class ModelStats:
+    """What a tier holds of one model's documents."""
+
     fingerprint: str
     documents: int
     chunks: int
@@ -64,3 +67,11 @@ class ChunkTier(Protocol):
         """The key settings documents of this model were written with."""
 
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None: ...
+
+    # maintenance (may scan the tier: never on a request's path) --------------------------
+    def stats(self) -> list[ModelStats]:
+        """Documents, chunks, bytes and pinned chunks, per model."""
+
+    def prune(self, budget_bytes: int) -> int:
+        """Remove least recently used, unpinned chunks until the tier's chunks fit `budget_bytes`;
+        the number removed."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,8 @@ def test_check_option_names_speaks_of_what_it_checks() -> None:
     check_option_names({"chunk_size": 1}, engine_option_names())
     with pytest.raises(TypeError, match="unknown server option: 'prot'"):
         check_option_names({"prot": 1}, {"port", "host"}, what="server option")
+    with pytest.raises(TypeError, match=r"^unknown option: 'cache_dir' \(did you mean 'store'\?\)$"):
+        check_option_names(["cache_dir"], engine_option_names(), "option", renamed={"cache_dir": "store"})
     assert {"chunk_size", "match_window", "store", "repair"} <= engine_option_names()
 
 
@@ -105,6 +109,26 @@ def test_values_are_normalized() -> None:
     assert EngineConfig.from_options(repair="none").repair.strategy == "none"
     assert EngineConfig(store=Path("/tmp/x")).store == "/tmp/x"  # type: ignore[arg-type]
     assert EngineConfig(store="memory").memory_only and not EngineConfig().memory_only
+
+
+def test_a_config_is_frozen() -> None:
+    """An engine given a config never changes it: a field cannot be assigned, only replaced."""
+    config = EngineConfig(store="memory")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.mode = "full"  # type: ignore[misc]
+    assert dataclasses.replace(config, mode="full").mode == "full" and config.mode == "reuse"
+    assert hash(config) == hash(EngineConfig(store="memory"))
+
+
+def test_settings_stand_on_nothing_above_them() -> None:
+    """config.py imports no other module of the package, so every layer can read it."""
+    import kvboost_rag.config
+
+    tree = ast.parse(Path(kvboost_rag.config.__file__).read_text())
+    imported = [(node.level, node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [(0, alias.name) for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert (0, "dataclasses") in imported, "the check reads the imports"
+    assert [name for level, name in imported if level or name.startswith("kvboost_rag")] == []
 
 
 def test_explicit_fields_are_those_off_their_defaults() -> None:

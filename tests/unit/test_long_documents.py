@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvboost_rag.eval.data import Passage
 from kvboost_rag.eval.retrieval import PassageIndex
+from kvboost_rag.records import Passage
 
 
 def _index(count: int) -> PassageIndex:

@@ -9,8 +9,9 @@ import pytest
 
 from kvboost_rag.plan.chunking import fixed_boundaries
 from kvboost_rag.plan.keys import chained_prefix_hashes, content_hash, in_place_key, span_hashes
-from kvboost_rag.plan.matching import Segment, plan_reuse
-from kvboost_rag.store.memory import ChunkStore
+from kvboost_rag.plan.matching import plan_reuse
+from kvboost_rag.plan.segments import Segment
+from kvboost_rag.store.chunk_store import ChunkStore
 
 from .conftest import DOC_FP
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from kvboost_rag.plan.chunking import fixed_boundaries
-from kvboost_rag.plan.matching import ReusePlan, Segment, plan_reuse
+from kvboost_rag.plan.matching import ReusePlan, plan_reuse
 from kvboost_rag.plan.repair import boundary_positions, continues, reused_runs, with_recomputed
-from kvboost_rag.store.memory import ChunkStore
+from kvboost_rag.plan.segments import Segment
+from kvboost_rag.store.chunk_store import ChunkStore
 
 
 def build(segments: list[Segment]) -> ReusePlan:

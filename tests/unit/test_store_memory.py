@@ -13,10 +13,10 @@ import torch
 from kvboost_rag.plan.chunking import fixed_boundaries
 from kvboost_rag.plan.keys import content_hash, prefix_hash, window_keys
 from kvboost_rag.plan.matching import plan_reuse
+from kvboost_rag.store.chunk_store import ChunkStore
 from kvboost_rag.store.disk import DiskStore
 from kvboost_rag.store.entry import ChunkEntry
 from kvboost_rag.store.eviction import EvictionWeights, Usage, keep_score
-from kvboost_rag.store.memory import ChunkStore
 
 WINDOW = 4
 

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 
+from kvboost_rag.store.chunk_store import ChunkStore
 from kvboost_rag.store.eviction import EvictionWeights
-from kvboost_rag.store.memory import ChunkStore
 
 WINDOW = 4
 

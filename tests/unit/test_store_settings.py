@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kvboost_rag.config import EngineConfig
+from kvboost_rag.store.chunk_store import ChunkStore
 from kvboost_rag.store.disk import DiskStore
-from kvboost_rag.store.memory import ChunkStore
 from kvboost_rag.store.open import open_store, record_settings
 from kvboost_rag.store.settings import KeySettings, StoreSettingsError, reconcile
 

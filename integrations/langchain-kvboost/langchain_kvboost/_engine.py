@@ -1,7 +1,7 @@
 """What the chat model and the LLM share: the options, the engine built from them, one call.
 
-The option fields come from `kvboost_rag.frameworks.options.OPTIONS`, the table the LlamaIndex
-package reads too, so both take the same names.
+The option fields come from `kvboost_rag.options.OPTIONS`, the table the LlamaIndex package, the
+command line and the server read too, so all take the same names.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
-from kvboost_rag.frameworks.options import OPTIONS, build_engine, check_options, reject_unknown, stream_options
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage, reuse_details
+from kvboost_rag.options import OPTIONS, build_engine, check_options, known_options, stream_options
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
@@ -23,8 +23,12 @@ class _Strict(BaseModel):
     )
 
 
+# LangChain's standard names for two options (its standard tests pass `timeout`); both work.
+LANGCHAIN_NAMES = {"model": "model_name", "timeout_s": "timeout"}
+
+
 def _field(option: Any) -> tuple[Any, Any]:
-    alias = "model_name" if option.name == "model" else None  # LangChain's usual name for it
+    alias = LANGCHAIN_NAMES.get(option.name)
     return option.type, Field(default=option.default, alias=alias, description=option.doc)
 
 
@@ -52,7 +56,7 @@ class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
         if isinstance(data, dict):
             fields = cls.model_fields
             known = set(fields) | {f.alias for f in fields.values() if f.alias}
-            reject_unknown(data, known, f"{cls.__name__} option")
+            return known_options(data, known, f"{cls.__name__} option")
         return data
 
     @model_validator(mode="after")

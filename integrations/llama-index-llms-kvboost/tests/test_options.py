@@ -10,7 +10,7 @@ from pytest_socket import disable_socket, enable_socket
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.config import engine_option_names
-from kvboost_rag.frameworks.options import OPTION_NAMES, OPTIONS
+from kvboost_rag.options import OPTION_NAMES, OPTIONS
 
 PROMPT = "The capital of France is"
 
@@ -23,17 +23,28 @@ def test_every_shared_option_is_a_documented_field() -> None:
 
 
 @pytest.mark.parametrize(
-    ("wrong", "meant"), [("max_new_tokens", "max_tokens"), ("cache_dir", "store"), ("timeout_s", "timeout")]
+    ("wrong", "meant"),
+    [("max_new_tokens", "max_tokens"), ("cache_dir", "store"), ("quantization", "kv_quantization")],
 )
 def test_an_unknown_option_names_the_one_meant(wrong: str, meant: str) -> None:
     with pytest.raises(TypeError, match=f"'{wrong}' \\(did you mean '{meant}'\\?\\)"):
         KVBoostLLM(**{wrong: 64})
 
 
+@pytest.mark.parametrize(
+    ("former", "name", "value"), [("timeout", "timeout_s", 5.0), ("store_prompt_prefixes", "store_prompt", False)]
+)
+def test_a_former_name_still_works_and_warns(former: str, name: str, value: object) -> None:
+    with pytest.warns(DeprecationWarning, match=f"'{former}' is now '{name}'"):
+        assert getattr(KVBoostLLM(**{former: value}), name) == value
+
+
 def test_bad_values_and_options_fail_before_loading(shared_engine: KVBoostRAG) -> None:
-    for bad in [{"chunk_size": 0}, {"top_p": 0}, {"timeout": -1}, {"mode": "fastest"}]:
+    for bad in [{"chunk_size": 0}, {"top_p": 0}, {"timeout_s": -1}, {"mode": "fastest"}]:
         with pytest.raises(ValueError):
             KVBoostLLM(model="/nowhere/model", **bad)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1, got 0"):  # the engine's words
+        KVBoostLLM(model="/nowhere/model", max_tokens=0)
     with pytest.raises(ValueError, match="store"):
         KVBoostLLM(engine=shared_engine, store="memory")  # it has its store already
     llm = KVBoostLLM(model="/nowhere/model", context_window=2048)  # metadata, read on each call, loads nothing
@@ -46,7 +57,7 @@ def test_finish_reason_is_openais(shared_engine: KVBoostRAG) -> None:
     llm = KVBoostLLM(engine=shared_engine, max_tokens=2)
     raw = llm.complete("Count from one to twenty: one, two,").raw
     assert raw["finish_reason"] == raw["engine_finish_reason"] == "length"
-    timed_out = llm.complete(PROMPT, max_tokens=200, timeout=1e-6).raw
+    timed_out = llm.complete(PROMPT, max_tokens=200, timeout_s=1e-6).raw
     assert (timed_out["finish_reason"], timed_out["engine_finish_reason"]) == ("length", "timeout")
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from llama_index.llms.kvboost import KVBoostLLM
 
+from kvboost_lab.redis_server import local_redis
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import rag_prompt
-from kvboost_rag.store.redis.local import local_redis
 
 BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with the text around it
 

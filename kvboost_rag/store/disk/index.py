@@ -123,6 +123,8 @@ class DiskIndex:
             if recorded is None and not self.read_only:
                 self._set_meta("match_window", str(window))
                 return window
+            if recorded is None:  # read-only, and nothing recorded (what int(None) raised before)
+                raise TypeError(f"{self.path}: read-only, and no match window is recorded in it")
             return int(recorded)
 
     def recorded_settings(self, model: Fingerprint) -> list[KeySettings]:

@@ -6,17 +6,17 @@ hash tags and groups are `layout.py`'s; a chunk and its index entries are writte
 script. A value that fails its checksum, or whose tokens do not hash to its key, is dropped and
 recomputed, never served. Memory is Redis' to bound: unpinned chunks carry a TTL, so under
 `maxmemory-policy volatile-lru` Redis evicts the least recently used of them and keeps pinned
-chunks and the index; a key evicted under us is a miss and a recompute. A lost server is a
-`RedisUnavailable` (the memory tier serves without it) until it answers again.
+chunks and the index; a key evicted under us is a miss and a recompute. The client, the
+namespace's manifest and the guard against a lost server are `connection.py`'s: a lost server is
+a `RedisUnavailable` (the chunk store serves without it) until it answers again.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -27,12 +27,14 @@ from redis.cluster import RedisCluster
 from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, content_hash, indexed_window_keys
 from ..entry import ChunkEntry, DocumentRecord
 from ..format import load_chunk, serialize, to_device
-from ..location import DEFAULT_SHARDS, RedisLocation
-from ..settings import SCHEMA_VERSION, KeySettings, StoreSettingsError
+from ..location import RedisLocation
+from ..settings import KeySettings
 from ..tier import ModelStats
+from . import maintenance
+from .connection import NamespaceConnection, bytes_members, bytes_reply
 from .guard import LOST, ConnectionGuard
 from .layout import KeyLayout
-from .scripts import PUT_CHUNK, REMOVE_CHUNK
+from .maintenance import RedisVerifyReport
 
 T = TypeVar("T")
 
@@ -43,13 +45,6 @@ class RedisCounters:
 
     dropped: int = 0  # values that failed their checks: deleted, recomputed
     missing: int = 0  # chunks looked up and gone: evicted or expired (lookups follow index entries)
-
-
-@dataclass(slots=True)
-class RedisVerifyReport:
-    checked: int = 0
-    dropped: list[str] = field(default_factory=list)
-    postings_removed: int = 0  # index entries naming chunks that are gone
 
 
 class RedisStore:
@@ -63,16 +58,9 @@ class RedisStore:
         self.location = url if isinstance(url, RedisLocation) else RedisLocation.parse(url)
         self.device = torch.device(device)
         self.counters = RedisCounters()
-        self._wanted_window = match_window
-        self.guard = ConnectionGuard(f"Redis at {self.location.redacted()}", self.location.retry_after_s, self._claim)
-        self._lock = threading.Lock()
-        self._connection: redis.Redis | RedisCluster | None = None  # made on first use (a cluster asks its nodes)
-        self._ready = False  # the manifest has been read (and claimed) on this server
-        self._recorded_window: int | None = None
-        self.window = match_window or 16
-        self.layout = KeyLayout(self.location.namespace, self.location.shards or DEFAULT_SHARDS)
+        self.connection = NamespaceConnection(self.location, match_window, repr(self))
         try:
-            self.guard.call(self._claim)
+            self.connection.connect()
         except LOST as error:
             warnings.warn(
                 f"kvboost-rag: {self.guard.name} cannot be reached ({error}); serving without it until it answers",
@@ -86,60 +74,37 @@ class RedisStore:
         return f"{self.location.redacted()} (namespace {self.location.namespace})"
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-
-    @property
-    def _client(self) -> redis.Redis | RedisCluster:
-        with self._lock:
-            if self._connection is None:
-                self._connection = _client(self.location)
-                self._put = self._connection.register_script(PUT_CHUNK)
-                self._remove = self._connection.register_script(REMOVE_CHUNK)
-            return self._connection
+        self.connection.close()
 
     def connect(self) -> None:
         """Reach the server now and read its manifest, raising what the connection raises: for
         maintenance commands, which fail loudly where a request would serve without the tier."""
-        self.guard.call(self._claim)
-
-    # how it was written ------------------------------------------------------------------
-    def _claim(self) -> None:
-        """Read the namespace's manifest, recording ours where it is new (HSETNX: the first
-        worker's wins). Run at opening and whenever the server comes back (it may be a new one)."""
-        manifest = self.layout.manifest
-        window = self._wanted_window or 16
-        shards = self.location.shards or DEFAULT_SHARDS
-        pipe = self._client.pipeline(transaction=False)
-        pipe.hget(manifest, "match_window")
-        pipe.hsetnx(manifest, "schema_version", SCHEMA_VERSION)
-        pipe.hsetnx(manifest, "match_window", window)
-        pipe.hsetnx(manifest, "shards", shards)
-        pipe.hgetall(manifest)
-        recorded_window, *_, recorded = pipe.execute()
-        recorded = {k.decode(): v.decode() for k, v in recorded.items()}
-        if int(recorded.get("schema_version", SCHEMA_VERSION)) != SCHEMA_VERSION:
-            raise StoreSettingsError(
-                f"{self!r} was written by schema v{recorded['schema_version']}; this version reads v{SCHEMA_VERSION}. "
-                "Use another namespace (?namespace=...)"
-            )
-        if self.location.shards is not None and int(recorded["shards"]) != self.location.shards:
-            raise StoreSettingsError(
-                f"{self!r} groups its keys in {recorded['shards']} shards; the URL asks for {self.location.shards}. "
-                "Leave shards out to use the namespace's, or use another namespace"
-            )
-        with self._lock:
-            self._recorded_window = int(recorded_window) if recorded_window is not None else None
-            self.window = int(recorded["match_window"])
-            self.layout = KeyLayout(self.location.namespace, int(recorded["shards"]))
-            self._ready = True
+        self.connection.connect()
 
     @property
+    def guard(self) -> ConnectionGuard:
+        return self.connection.guard
+
+    @property
+    def layout(self) -> KeyLayout:
+        return self.connection.layout
+
+    @property
+    def window(self) -> int:
+        """The match window the namespace's index is built with."""
+        return self.connection.window
+
+    @property
+    def _client(self) -> redis.Redis | RedisCluster:
+        return self.connection.client
+
+    # how it was written ------------------------------------------------------------------
+    @property
     def match_window(self) -> int | None:
-        return self._recorded_window
+        return self.connection.recorded_window
 
     def recorded_settings(self, model: Fingerprint) -> list[KeySettings]:
-        members = self._call(lambda: self._client.smembers(self.layout.settings(model)))
+        members = bytes_members(self._call(lambda: self._client.smembers(self.layout.settings(model))))
         return sorted((KeySettings.from_json(m.decode()) for m in members), key=lambda s: s.to_json())
 
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
@@ -180,7 +145,7 @@ class RedisStore:
 
     def _read(self, name: str) -> bytes | None:
         if self.location.ttl_s == 0:
-            return self._client.get(name)
+            return bytes_reply(self._client.get(name))
         pipe = self._client.pipeline(transaction=False)
         pipe.get(name)
         pipe.expire(name, self.location.ttl_s, xx=True)
@@ -206,11 +171,16 @@ class RedisStore:
         importance = entry.value_importance()
         data = serialize(entry, importance)
         keys = self._index_keys(entry.content_hash, entry.prefix_hash, entry.tokens, entry.fingerprint)
-        args = [data, entry.content_hash, self.location.ttl_s, "1" if entry.prefix_hash is not None else "0"]
-        return bool(self._call(lambda: self._put(keys=keys, args=args)))
+        args: list[bytes | int | str] = [
+            data,
+            entry.content_hash,
+            self.location.ttl_s,
+            "1" if entry.prefix_hash is not None else "0",
+        ]
+        return bool(self._call(lambda: self.connection.put_chunk(keys=keys, args=args)))
 
     def remove(self, key: ContentHash) -> None:
-        data = self._call(lambda: self._client.get(self.layout.chunk(key)))
+        data = bytes_reply(self._call(lambda: self._client.get(self.layout.chunk(key))))
         try:
             record = load_chunk(data, key)[0] if data is not None else None
         except ValueError:
@@ -220,7 +190,7 @@ class RedisStore:
             return
         prefix = record.prefix_hash
         keys = self._index_keys(key, prefix, record.tokens, Fingerprint(record.fingerprint))
-        self._call(lambda: self._remove(keys=keys, args=[key, "1" if prefix is not None else "0"]))
+        self._call(lambda: self.connection.remove_chunk(keys=keys, args=[key, "1" if prefix is not None else "0"]))
 
     def _index_keys(
         self, content: bytes, prefix: bytes | None, tokens: np.ndarray, fingerprint: Fingerprint
@@ -241,7 +211,7 @@ class RedisStore:
         def lookup() -> list[set[bytes]]:
             per_group = [[self.layout.window(group, w) for w in windows] for group in self.layout.groups()]
             if isinstance(self._client, RedisCluster):  # NOTE: its pipelines refuse multi-key commands
-                return [self._client.sunion(keys) for keys in per_group]
+                return [bytes_members(self._client.sunion(keys)) for keys in per_group]
             pipe = self._client.pipeline(transaction=False)
             for keys in per_group:
                 pipe.sunion(keys)
@@ -307,111 +277,22 @@ class RedisStore:
         self._call(pin)
         return True
 
-    # maintenance (scans: never on a request's path) --------------------------------------
+    # maintenance (scans: never on a request's path; see `maintenance.py`) ----------------
     def stats(self) -> list[ModelStats]:
         """Documents, chunks, bytes and pinned chunks per model, from the document records."""
-        by_model: dict[str, tuple[int, set[bytes]]] = {}
-        for key in self._scan("d"):
-            text = self._call(lambda: self._client.get(key))
-            if text is None:
-                continue
-            record = json.loads(text)
-            documents, chunks = by_model.get(record["fingerprint"], (0, set()))
-            by_model[record["fingerprint"]] = (documents + 1, chunks | {bytes.fromhex(c) for c in record["chunks"]})
-        rows = []
-        for fingerprint, (documents, chunks) in sorted(by_model.items()):
-            sizes, ttls = self._sizes_and_ttls(chunks)
-            present = [s for s in sizes if s]
-            pinned = sum(1 for s, t in zip(sizes, ttls) if s and t == -1)
-            rows.append(ModelStats(fingerprint[:16], documents, len(present), sum(present), pinned))
-        return rows
+        return maintenance.model_stats(self.connection)
 
     def total_bytes(self) -> int:
-        return sum(self._sizes_and_ttls([self.layout.hex_of(k) for k in self._scan("c")])[0])
+        return maintenance.total_bytes(self.connection)
 
     def prune(self, budget_bytes: int) -> int:
         """Remove least recently used, unpinned chunks until their bytes fit the budget."""
-        chunks = [self.layout.hex_of(k) for k in self._scan("c")]
-        sizes, ttls = self._sizes_and_ttls(chunks)
-        total = sum(sizes)
-
-        def idle_times() -> list[int | None]:
-            pipe = self._client.pipeline(transaction=False)
-            for chunk in chunks:
-                pipe.object("idletime", self.layout.chunk(chunk))
-            return pipe.execute(raise_on_error=False)
-
-        idle = self._call(idle_times)
-        order = sorted(
-            (i for i, ttl in enumerate(ttls) if ttl != -1 and sizes[i]),
-            key=lambda i: -(idle[i] if isinstance(idle[i], int) else 0),
-        )
-        evicted = 0
-        for i in order:
-            if total <= budget_bytes:
-                break
-            self.remove(ContentHash(chunks[i]))
-            total -= sizes[i]
-            evicted += 1
-        return evicted
+        return maintenance.prune(self.connection, budget_bytes, self.remove)
 
     def verify(self) -> RedisVerifyReport:
         """Load every chunk (checksums), drop the bad ones, and remove index entries that name
         chunks no longer there (evicted or expired)."""
-        report = RedisVerifyReport()
-        for key in self._scan("c"):
-            report.checked += 1
-            content = ContentHash(self.layout.hex_of(key))
-            if self.get(content) is None:
-                report.dropped.append(content.hex())
-        for key in self._scan("p"):
-            content = self._call(lambda: self._client.get(key))
-            if content is not None and not self._call(lambda: self._client.exists(self.layout.chunk(content))):
-                self._call(lambda: self._client.delete(key))
-                report.postings_removed += 1
-        for key in self._scan("w"):
-            members = self._call(lambda: self._client.smembers(key))
-            gone = [m for m in members if not self._call(lambda m=m: self._client.exists(self.layout.chunk(m)))]
-            if gone:
-                self._call(lambda: self._client.srem(key, *gone))
-                report.postings_removed += len(gone)
-        return report
-
-    def _scan(self, kind: str) -> list[bytes]:
-        pattern = self.layout.pattern(kind)
-        if isinstance(self._client, RedisCluster):
-            return self._call(
-                lambda: list(self._client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES))
-            )
-        return self._call(lambda: list(self._client.scan_iter(match=pattern, count=1000)))
-
-    def _sizes_and_ttls(self, chunks: Iterable[bytes]) -> tuple[list[int], list[int]]:
-        chunks = list(chunks)
-
-        def query() -> list[int]:
-            pipe = self._client.pipeline(transaction=False)
-            for chunk in chunks:
-                pipe.strlen(self.layout.chunk(chunk))
-                pipe.ttl(self.layout.chunk(chunk))
-            return pipe.execute()
-
-        replies = self._call(query) if chunks else []
-        return list(replies[0::2]), list(replies[1::2])
+        return maintenance.verify(self.connection, self.get)
 
     def _call(self, operation: Callable[[], T]) -> T:
-        """An operation on the server, after its manifest is read (a tier opened while Redis was
-        down learns the namespace's layout before its first write)."""
-
-        def ready_then() -> T:
-            if not self._ready:
-                self._claim()
-            return operation()
-
-        return self.guard.call(ready_then)
-
-
-def _client(location: RedisLocation) -> redis.Redis | RedisCluster:
-    extra = {"password": location.password} if location.password else {}
-    if location.cluster:
-        return RedisCluster.from_url(location.client_url, **extra)
-    return redis.Redis.from_url(location.client_url, **extra)
+        return self.connection.call(operation)

@@ -6,8 +6,8 @@ import pytest
 from langchain_kvboost import ChatKVBoost, KVBoostLLM
 
 from kvboost_rag.config import engine_option_names
-from kvboost_rag.frameworks.options import OPTION_NAMES, OPTIONS
 from kvboost_rag.frameworks.usage import finish_reason, sum_usage
+from kvboost_rag.options import OPTION_NAMES, OPTIONS
 
 CLASSES = [ChatKVBoost, KVBoostLLM]
 
@@ -24,8 +24,19 @@ def test_every_shared_option_is_a_documented_field(cls: type) -> None:
 
 
 @pytest.mark.parametrize("cls", CLASSES)
+def test_langchains_standard_names_work_and_former_names_warn(cls: type, recwarn: pytest.WarningsRecorder) -> None:
+    assert cls(timeout=5).timeout_s == cls(timeout_s=5).timeout_s == 5, "LangChain's standard `timeout`"
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
+    with pytest.warns(DeprecationWarning, match="'store_prompt_prefixes' is now 'store_prompt'"):
+        assert cls(store_prompt_prefixes=False).store_prompt is False
+    with pytest.raises(TypeError, match="former name"):
+        cls(store_prompt_prefixes=False, store_prompt=True)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize(
-    ("wrong", "meant"), [("max_new_tokens", "max_tokens"), ("cache_dir", "store"), ("timeout_s", "timeout")]
+    ("wrong", "meant"),
+    [("max_new_tokens", "max_tokens"), ("cache_dir", "store"), ("quantization", "kv_quantization")],
 )
 def test_an_unknown_option_names_the_one_meant(cls: type, wrong: str, meant: str) -> None:
     with pytest.raises(TypeError, match=f"'{wrong}' \\(did you mean '{meant}'\\?\\)"):
@@ -33,10 +44,19 @@ def test_an_unknown_option_names_the_one_meant(cls: type, wrong: str, meant: str
 
 
 @pytest.mark.parametrize("cls", CLASSES)
-def test_bad_values_fail_at_construction_without_loading(cls: type) -> None:
-    for bad in [{"max_tokens": 0}, {"chunk_size": 0}, {"top_p": 0}, {"timeout": -1}, {"mode": "fastest"}]:
-        with pytest.raises(ValueError):
-            cls(model="/nowhere/model", **bad)
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"max_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),  # the engine's words
+        ({"chunk_size": 0}, "chunk_size must be an integer >= 1"),
+        ({"top_p": 0}, "top_p must be in"),
+        ({"timeout_s": -1}, "timeout_s must be > 0"),
+        ({"mode": "fastest"}, "mode"),  # the field's type: pydantic refuses it first
+    ],
+)
+def test_bad_values_fail_at_construction_without_loading(cls: type, bad: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cls(model="/nowhere/model", **bad)
 
 
 def test_engine_options_do_not_apply_to_a_shared_engine() -> None:

@@ -22,10 +22,11 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
-from kvboost_rag.frameworks.options import OPTIONS, build_engine, check_options, reject_unknown, stream_options
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage
+from kvboost_rag.options import OPTIONS, build_engine, check_options, known_options, stream_options
 
-# The option fields from the table the LangChain package reads too: both take the same names.
+# The option fields from the table the LangChain package, the command line and the server read
+# too: all take the same names.
 _OptionFields: type[CustomLLM] = create_model(  # type: ignore[call-overload]
     "KVBoostOptions",
     __base__=CustomLLM,
@@ -62,7 +63,7 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
         """An unknown option is an error naming it, and the option meant, not a silent no-op."""
         if isinstance(data, dict):
             fields = cls.model_fields
-            reject_unknown(data, set(fields) | {f.alias for f in fields.values() if f.alias}, "KVBoostLLM option")
+            return known_options(data, set(fields) | {f.alias for f in fields.values() if f.alias}, "KVBoostLLM option")
         return data
 
     @model_validator(mode="after")

@@ -9,36 +9,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
-import re
-import shlex
 import statistics
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..engine import GenerationResult, KVBoostRAG, Prompt, WarmReport
-from ..engine.prefill import PrefillRunner
-from ..hf.cache import forward_last_logits, make_cache, stacked_kv
-from ..hf.loader import native_cpu_bf16
-from ..hf.model import rotary_module
-from ..plan.matching import ReusePlan
-from .data import QAExample, load_qa
-from .prompt import rag_messages
-from .retrieval import corpus_index, retrieve_documents, sample_nq
-from .runner import warm_template_head
-from .variants import Variant
+from kvboost_rag.engine import GenerationResult, KVBoostRAG, Prompt, WarmReport
+from kvboost_rag.engine.prefill import PrefillRunner
+from kvboost_rag.eval.data import QAExample, load_qa
+from kvboost_rag.eval.prompt import rag_messages
+from kvboost_rag.eval.retrieval import corpus_index, retrieve_documents, sample_nq
+from kvboost_rag.eval.run import run_info
+from kvboost_rag.eval.runner import warm_template_head
+from kvboost_rag.eval.variants import Variant
+from kvboost_rag.hf.cache import forward_last_logits, make_cache, stacked_kv
+from kvboost_rag.hf.model import rotary_module
+from kvboost_rag.plan.matching import ReusePlan
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # lab/kvboost_lab/harness.py
 RESULTS = REPO / "benchmarks" / "results"
 MEMORY_BUDGET = 12 * 1024**3
 EVAL_QUESTIONS = 500  # the eval's sample (seed 0): studies that choose a setting draw outside it
@@ -173,46 +167,9 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "mean": statistics.fmean(values)}
 
 
-def run_info() -> dict[str, Any]:
-    """Where and how a result was measured: timings only compare within one machine and commit."""
-    flags = _cpuinfo("flags").split()
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "commit": _git_commit(),
-        "platform": platform.platform(),
-        "cpu": _cpuinfo("model name") or platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "avx512": "avx512f" in flags,
-        "native_bf16": native_cpu_bf16(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
-
-
 def write_json(path: Path, report: dict[str, Any], indent: int | None = 1) -> Path:
     """The report with `run` (run_info) added, written to `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**report, "run": run_info()}, indent=indent, ensure_ascii=False))
     print(f"wrote {path}")
     return path
-
-
-def _cpuinfo(field: str) -> str:
-    path = Path("/proc/cpuinfo")
-    found = re.search(rf"^{field}\s*:\s*(.*)$", path.read_text(), re.MULTILINE) if path.exists() else None
-    return found.group(1).strip() if found else ""
-
-
-def _git_commit() -> str | None:
-    """HEAD's short hash, with "+dirty" when tracked files differ from it."""
-
-    def git(*command: str) -> str:
-        return subprocess.run(["git", *command], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None

@@ -3,12 +3,12 @@
 At each prompt length, over one prefilled cache, decode steps (greedy, one process, the modes
 alternating round by round) with: dense attention; no attention at all (the rest of the step);
 attention to the last `budget` tokens as a view (a selection that costs nothing and copies
-nothing: the ceiling of any selection within that budget); and RetrievalConfig's retrieval at
+nothing: the ceiling of any selection within that budget); and SparseDecodeConfig's retrieval at
 each correction threshold asked for (default: its own, and -1, speculation never corrected).
 Median step per mode, and retrieval's selection and attention time per step and share of KV
 heads corrected.
 
-JSON: benchmarks/results/bench_retrieval_ceiling.json (or --out).
+JSON: benchmarks/results/bench_sparse_decode_ceiling.json (or --out).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from collections.abc import Callable
 import torch
 from bench_decode import prompt_of_length
 
-from kvboost_rag import RetrievalConfig
-from kvboost_rag.eval import harness
+from kvboost_lab import harness
+from kvboost_rag import SparseDecodeConfig
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.hf.cache import float_keys_for, forward_last_logits, make_cache
 from kvboost_rag.ops.attention import single_query_attention
-from kvboost_rag.ops.decode_retrieval import ACTIVE_RETRIEVAL, DecodeRetrieval, RetrievalStats
+from kvboost_rag.ops.sparse_decode import ACTIVE_SPARSE_DECODE, SparseDecode, SparseDecodeStats
 
 
 class Window:
@@ -47,14 +47,14 @@ class Window:
 
 
 def main() -> None:
-    p = harness.parser(__doc__, questions=0, k=0, seed=0, out="bench_retrieval_ceiling.json")
+    p = harness.parser(__doc__, questions=0, k=0, seed=0, out="bench_sparse_decode_ceiling.json")
     p.add_argument("--lengths", type=int, nargs="+", default=[4000, 8000])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps", type=int, default=12, help="decode steps a round; the first two are not timed")
-    p.add_argument("--thresholds", type=float, nargs="+", default=[RetrievalConfig().correction_threshold, -1.0])
+    p.add_argument("--thresholds", type=float, nargs="+", default=[SparseDecodeConfig().correction_threshold, -1.0])
     args = harness.parse(p)
     engine = harness.load_engine(args)
-    budget = RetrievalConfig().budget_tokens
+    budget = SparseDecodeConfig().budget_tokens
     passages = [e.passages[0].as_document() for e in load_qa(limit=400)]
     modes: dict[str, Callable[[], object]] = {
         "dense": lambda: None,
@@ -62,8 +62,8 @@ def main() -> None:
         "free_window": lambda: Window(budget),
     }
     for threshold in args.thresholds:
-        config = RetrievalConfig(enabled=True, min_prompt_tokens=1, correction_threshold=threshold)
-        modes[f"retrieval {threshold:g}"] = lambda config=config: DecodeRetrieval(config)
+        config = SparseDecodeConfig(enabled=True, min_prompt_tokens=1, correction_threshold=threshold)
+        modes[f"retrieval {threshold:g}"] = lambda config=config: SparseDecode(config)
     rows = []
     for length in args.lengths:
         tokens = engine.tokenize_prompt(prompt_of_length(engine.tokenizer, passages, length))
@@ -73,7 +73,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode, make in modes.items():
                 attention, cache, token = make(), make_cache(keys, values), int(logits.argmax())
-                active = ACTIVE_RETRIEVAL.set(attention)  # type: ignore[arg-type]
+                active = ACTIVE_SPARSE_DECODE.set(attention)  # type: ignore[arg-type]
                 try:
                     for i in range(args.steps):
                         started = time.perf_counter()
@@ -82,12 +82,13 @@ def main() -> None:
                         )
                         if i >= 2:
                             steps[mode].append(time.perf_counter() - started)
-                        elif i == 1 and isinstance(attention, DecodeRetrieval):
-                            attention.stats = RetrievalStats()  # the timed steps' only (the first makes every summary)
+                        elif i == 1 and isinstance(attention, SparseDecode):
+                            # the timed steps only (the first computes every page summary)
+                            attention.stats = SparseDecodeStats()
                         token = int(step_logits.argmax())
                 finally:
-                    ACTIVE_RETRIEVAL.reset(active)
-                if isinstance(attention, DecodeRetrieval):
+                    ACTIVE_SPARSE_DECODE.reset(active)
+                if isinstance(attention, SparseDecode):
                     s, timed = attention.stats, args.steps - 2
                     stats[mode].append((s.select_s / timed, s.attend_s / timed, s.corrected_share))
         dense = statistics.median(steps["dense"])

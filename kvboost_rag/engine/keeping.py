@@ -1,10 +1,10 @@
-"""After an answer: keep what later prompts will hold again.
+"""After an answer: keep what later prompts will hold again, with no model work spent on it.
 
 The prompt's exactly computed chunks, for later EXACT (prefix) hits; its head (a system prompt
 and a template's opening, before the first reused document), which every later prompt of the
-same template opens with; and the conversation's new
-tail (the tokens the prompt computed after its last reused one, and the answer), so the next
-turn of a chat finds its history wherever it lands, with no model work spent to keep it.
+same template opens with; and the conversation's new tail (the tokens the prompt computed after
+its last reused one, and the answer), so the next turn of a chat finds its history wherever it
+lands. All of it is kept in memory only.
 """
 
 from __future__ import annotations
@@ -13,11 +13,59 @@ import numpy as np
 import torch
 
 from ..hf.cache import gather_slots
-from ..plan.keys import KeySpace, PrefixHash, chained_prefix_hashes, content_hash
+from ..plan.keys import (
+    KeySpace,
+    PrefixHash,
+    chained_prefix_hashes,
+    content_hash,
+    document_hash,
+    in_place_key,
+    span_hashes,
+)
 from ..plan.matching import MIN_HEAD_TOKENS, head_key
+from ..store.chunk_store import ChunkStore
 from ..store.entry import ChunkEntry
-from ..store.memory import ChunkStore
+from .documents import Boundaries, DocumentWriter
 from .request import Request
+
+
+class AnswerKeeper:
+    """Keeps what each stored-prompt request computed, in one store under one key space."""
+
+    def __init__(self, writer: DocumentWriter, boundaries: Boundaries, chunk_size: int, match_window: int) -> None:
+        self.writer, self.store, self.keys = writer, writer.store, writer.keys
+        self.boundaries = boundaries
+        self.chunk_size = chunk_size
+        self.match_window = match_window
+
+    def keep(self, request: Request) -> None:
+        """The prompt's exact chunks and head, and the conversation's tail with the answer."""
+        store_prompt_chunks(self.store, self.keys, self.chunk_size, request)
+        store_prompt_head(self.store, self.keys, request)
+        tail = conversation_tail(request, self.match_window)
+        if tail is not None:
+            sequence, slots, start = tail
+            keys, values = gather_slots(request.cache, slots)
+            self.keep_span(sequence, start, keys, values, exact=request.exact)
+
+    def keep_span(self, sequence: np.ndarray, start: int, keys: torch.Tensor, values: torch.Tensor, exact: bool) -> int:
+        """Store KV a request computed anyway (`sequence[start:]`: a conversation's new turn and
+        its answer) as a document found at any offset. `exact`: it was computed on exact KV, so
+        where it stands after the same tokens it is served as EXACT (each chunk's
+        `in_place_key`). Returns the chunks stored."""
+        tokens = sequence[start:]
+        cuts = self.boundaries(tokens)
+        contents = self.writer.contents(tokens, cuts)
+        prefixes = None
+        if exact:
+            contexts = span_hashes(self.keys.stored_kv, sequence, [start + cut for cut in cuts[:-1]])
+            prefixes = [in_place_key(context, content) for context, content in zip(contexts, contents)]
+        # in place, the span's identity is its whole context; moved, its tokens alone
+        doc_key = prefixes[-1] if prefixes else document_hash(self.keys.document, tokens)
+        with self.store.serving():
+            if self.store.has_document(doc_key):
+                return 0
+            return self.writer.write(doc_key, tokens, cuts, contents, (keys, values), start, prefixes, persist=False)
 
 
 def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, request: Request) -> None:

@@ -5,12 +5,12 @@ of the default model's 8k window), shuffled as the eval does. Per prompt, full p
 greedy decoding of 32 tokens with dense attention, and with each other decode attention: dense
 attention through sdpa's kernel instead of the engine's (exact attention summed in another
 order: the noise floor of "equal to dense" at this dtype, where a near-tie of two logits flips
-either way), and retrieval at each correction threshold asked for (RetrievalConfig's other
+either way), and retrieval at each correction threshold asked for (SparseDecodeConfig's other
 defaults, on from the first token). Per attention: whether the 32 tokens and the answer line
 equal dense attention's, EM of the answer line (best subspan) paired with dense's, and decode
 tokens/s against dense's.
 
-JSON: benchmarks/results/bench_retrieval_nq.json (or --out).
+JSON: benchmarks/results/bench_sparse_decode_nq.json (or --out).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from kvboost_rag import KVBoostRAG, RetrievalConfig
-from kvboost_rag.eval import harness
+from kvboost_lab import harness
+from kvboost_rag import KVBoostRAG, SparseDecodeConfig
 from kvboost_rag.eval.metrics import best_subspan_em
 from kvboost_rag.hf.attention import REUSE_ATTENTION
 
@@ -31,12 +31,12 @@ def first_line(text: str) -> str:
 
 
 def main() -> None:
-    p = harness.parser(__doc__, questions=10, k=40, seed=0, out="bench_retrieval_nq.json", max_new_tokens=32)
+    p = harness.parser(__doc__, questions=10, k=40, seed=0, out="bench_sparse_decode_nq.json", max_new_tokens=32)
     p.add_argument(
         "--thresholds",
         type=float,
         nargs="+",
-        default=[RetrievalConfig().correction_threshold],
+        default=[SparseDecodeConfig().correction_threshold],
         help="retrieval's correction thresholds to run (-1: speculative selection never corrected)",
     )
     args = harness.parse(p)
@@ -48,7 +48,7 @@ def main() -> None:
             dense.tokenizer,
             replace(
                 dense.config,
-                retrieval=RetrievalConfig(enabled=True, min_prompt_tokens=1, correction_threshold=threshold),
+                sparse_decode=SparseDecodeConfig(enabled=True, min_prompt_tokens=1, correction_threshold=threshold),
             ),
             name=dense.name,
         )
@@ -75,7 +75,7 @@ def main() -> None:
                 "same_first_line": first_line(result.text) == first_line(reference.text),
                 "em": best_subspan_em(first_line(result.text), answers),
                 "speedup": result.tokens_per_s / reference.tokens_per_s,
-                "corrected_share": result.retrieval.corrected_share if result.retrieval else None,
+                "corrected_share": result.sparse_decode.corrected_share if result.sparse_decode else None,
             }
         rows.append(row)
         print(i, row, flush=True)

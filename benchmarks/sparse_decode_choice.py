@@ -4,13 +4,13 @@ Per NQ prompt (top-k FAISS passages, shuffled as the eval does): one full prefil
 attention's greedy answer, then each decode attention teacher-forced along that answer over a
 copy of the cache. Per attention: the answers whose every next token is dense's (the free-run
 answer would then be dense's), the share of steps whose argmax is dense's, and the mean KL of
-the next-token distribution from dense's. Attentions: `quest` (RetrievalConfig, its threshold,
+the next-token distribution from dense's. Attentions: `quest` (SparseDecodeConfig, its threshold,
 or `quest:T`), `oracle` (the pages whose best exact score is highest: free here, a bound on
 any choice), `sparq:R` (approximate scores on the query's R largest dimensions, as SparQ
 attention; each page by its best token), `sdpa` (dense attention through sdpa's kernel: the
 noise floor of "equal" at this dtype); `@B` sets the token budget (oracle@3072).
 
-JSON: benchmarks/results/retrieval_choice.json (or --out).
+JSON: benchmarks/results/sparse_decode_choice.json (or --out).
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from typing import Any
 
 import torch
 
-from kvboost_rag import RetrievalConfig
-from kvboost_rag.eval import harness
+from kvboost_lab import harness
+from kvboost_rag import SparseDecodeConfig
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
-from kvboost_rag.ops.decode_retrieval import ACTIVE_RETRIEVAL, DecodeRetrieval
 from kvboost_rag.ops.page_selection import attend_selected, select_pages
+from kvboost_rag.ops.sparse_decode import ACTIVE_SPARSE_DECODE, SparseDecode
 
 
 class PageChoice:
     """Pages by each KV head group's best token score (exact, or on `dims` query dimensions),
     pooled as probabilities over the group's heads; then attention to them as retrieval's."""
 
-    def __init__(self, config: RetrievalConfig, dims: int | None) -> None:
+    def __init__(self, config: SparseDecodeConfig, dims: int | None) -> None:
         self.config, self.dims = config, dims
 
     def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
@@ -72,12 +72,12 @@ class SdpaDense:
 def attention_for(spec: str) -> Any:
     name, _, budget = spec.partition("@")
     name, _, argument = name.partition(":")
-    config = RetrievalConfig(enabled=True, min_prompt_tokens=1)
+    config = SparseDecodeConfig(enabled=True, min_prompt_tokens=1)
     if budget:
         config = replace(config, budget_tokens=int(budget))
     if name == "quest":
         threshold = float(argument) if argument else config.correction_threshold
-        return DecodeRetrieval(replace(config, correction_threshold=threshold))
+        return SparseDecode(replace(config, correction_threshold=threshold))
     if name == "oracle":
         return PageChoice(config, None)
     if name == "sparq":
@@ -88,7 +88,7 @@ def attention_for(spec: str) -> Any:
 
 
 def main() -> None:
-    p = harness.parser(__doc__, questions=12, k=40, seed=0, out="retrieval_choice.json", max_new_tokens=32)
+    p = harness.parser(__doc__, questions=12, k=40, seed=0, out="sparse_decode_choice.json", max_new_tokens=32)
     p.add_argument("--attentions", nargs="+", default=["quest", "quest@3072", "sparq:16", "oracle", "oracle@3072"])
     args = harness.parse(p)
     nq = harness.draw_nq(args.questions, args.k, args.seed)
@@ -106,7 +106,7 @@ def main() -> None:
                 engine.model, torch.tensor([answer[-1]]), torch.tensor([len(tokens) + step]), cache
             )
         for spec in args.attentions:
-            cache, active = make_cache(keys, values), ACTIVE_RETRIEVAL.set(attention_for(spec))
+            cache, active = make_cache(keys, values), ACTIVE_SPARSE_DECODE.set(attention_for(spec))
             agree, kl = [], []
             try:
                 for step in range(args.max_new_tokens - 1):  # the first token is the prefill's
@@ -117,7 +117,7 @@ def main() -> None:
                     ours = logits.log_softmax(-1)
                     kl.append(float((reference[step + 1].exp() * (reference[step + 1] - ours)).sum()))
             finally:
-                ACTIVE_RETRIEVAL.reset(active)
+                ACTIVE_SPARSE_DECODE.reset(active)
             results[spec].append(
                 {"equal": float(all(agree)), "agreement": statistics.fmean(agree), "kl": statistics.fmean(kl)}
             )

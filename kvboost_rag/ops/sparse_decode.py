@@ -1,4 +1,4 @@
-"""One request's decode-time KV retrieval: per layer, its page summaries and its last query.
+"""One request's sparse decode (decode-time KV page selection): per layer, its page summaries and its last query.
 
 A decode step's attention asks `attend`; past the budget it attends to the selected tokens
 only (see `page_selection.py`), else it returns None and the step attends densely. Summaries
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import RetrievalConfig
+from ..config import SparseDecodeConfig
 from .page_selection import Selection, attend_selected, page_bounds, page_summaries, select_pages
 
 
 @dataclass(slots=True)
-class RetrievalStats:
+class SparseDecodeStats:
     steps: int = 0  # layer steps that attended to a selection
     corrected_heads: int = 0  # KV heads that re-selected with the current query
     heads: int = 0
@@ -44,9 +44,9 @@ class _Layer:
 
 
 @dataclass(slots=True)
-class DecodeRetrieval:
-    config: RetrievalConfig
-    stats: RetrievalStats = field(default_factory=RetrievalStats)
+class SparseDecode:
+    config: SparseDecodeConfig
+    stats: SparseDecodeStats = field(default_factory=SparseDecodeStats)
     _layers: dict[int, _Layer] = field(default_factory=dict)
     _queried: list[int] = field(default_factory=list)  # layers whose query this step awaits selection
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # every layer's summaries, for the batch
@@ -146,5 +146,5 @@ def _group_similarity(current: torch.Tensor, previous: torch.Tensor, kv_heads: i
     return similarity.view(kv_heads, -1).mean(dim=1)
 
 
-# The retrieval of the decode step this thread runs, for the attention function.
-ACTIVE_RETRIEVAL: ContextVar[DecodeRetrieval | None] = ContextVar("kvboost_active_retrieval", default=None)
+# The sparse decode of the decode step this thread runs, for the attention function.
+ACTIVE_SPARSE_DECODE: ContextVar[SparseDecode | None] = ContextVar("kvboost_active_sparse_decode", default=None)

@@ -1,20 +1,24 @@
-"""The options every framework package takes, defined once so that the names match everywhere.
+"""The option table: every option a user sets, declared once, so each front-end takes the same
+names, defaults and docs.
 
-Plain data on purpose: each package turns `OPTIONS` into its own pydantic fields (a server can
-read the same table), and nothing here imports a framework or pydantic. Engine options default to
-None, which leaves the engine's default, or the setting a persistent store recorded (see
-`store.settings.reconcile`).
+The framework packages turn `OPTIONS` into pydantic fields, the command line into flags
+(`cli/options.py`), the server into the fields of its `kvboost` request object
+(`server/schemas.py`). Plain data on purpose: nothing here imports a framework, typer or pydantic.
+The names are the engine's (`EngineConfig`'s fields, `KVBoostRAG.stream`'s keywords) but one:
+`max_tokens`, the OpenAI API's name for `max_new_tokens`, which the server must take and framework
+users write. Engine options default to None, which leaves the engine's default, or the setting a
+persistent store recorded (see `store.settings.reconcile`).
 """
 
 from __future__ import annotations
 
-import difflib
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import (
+from .config import (
     ChunkingStrategy,
     EngineConfig,
     ExactnessConfig,
@@ -22,9 +26,12 @@ from ..config import (
     Quantization,
     RepairConfig,
     RepairStrategy,
-    RetrievalConfig,
+    SparseDecodeConfig,
+    check_option_names,
 )
-from ..engine import KVBoostRAG, SamplingParams
+from .engine import KVBoostRAG, SamplingParams
+from .engine.inputs import check_real
+from .store.location import StoreLocations
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +47,9 @@ class Option:
 _ENGINE_DEFAULTS = EngineConfig()
 
 
-def _describe(value: Any) -> str:
+def _describe(name: str, value: Any) -> str:
+    if name.endswith("_bytes"):
+        return f"{value / 2**30:g} GiB"
     if isinstance(value, RepairConfig):
         return repr(value.strategy)
     if is_dataclass(value):
@@ -52,7 +61,7 @@ def _engine(name: str, type_: Any, doc: str) -> Option:
     """An `EngineConfig` field as an option; None keeps the engine's default."""
     default = getattr(_ENGINE_DEFAULTS, name)
     if default is not None:
-        doc = f"{doc} None: the engine's default, {_describe(default)}."
+        doc = f"{doc} None: the engine's default, {_describe(name, default)}."
     return Option(name, type_ | None, None, doc)
 
 
@@ -85,14 +94,18 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     _engine("match_window", int, "Tokens per window that finds stored chunks in a prompt."),
     _engine("mode", Mode, '"reuse", "prefix" (exact prefixes only) or "full" (no reuse).'),
     _engine("memory_budget_bytes", int, "Bytes of KV kept in memory; least recently used chunks go past it."),
-    _engine("store_prompt_prefixes", bool, "Keep each prompt's chunks after the answer, for later exact prefix hits."),
+    _engine("store_prompt", bool, "Keep each prompt's chunks after the answer, for later exact prefix hits."),
     _engine(
         "repair",
         RepairStrategy | RepairConfig,
         'How moved KV is repaired: "none", "boundary", "cacheblend" or a RepairConfig.',
     ),
     _engine("exactness", ExactnessConfig, "What the answer reads after its first token (an ExactnessConfig)."),
-    _engine("retrieval", RetrievalConfig, "Decode-time KV retrieval for long prompts (off by default)."),
+    _engine(
+        "sparse_decode",
+        SparseDecodeConfig,
+        "Sparse decode for long prompts: each new token attends to selected KV pages (off by default).",
+    ),
     _engine("warm_prefix", str, "Text encoded before every warmed document, its KV not kept."),
     _engine("kv_quantization", Quantization, 'Warmed chunks kept quantized, "int8" or "int4"; None keeps them as is.'),
     _engine(
@@ -105,57 +118,63 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     _engine("disk_budget_bytes", int, "Bytes the persistent store may hold; None: no limit."),
 )
 
+_SAMPLING_DEFAULTS = SamplingParams()
 SAMPLING_OPTIONS: tuple[Option, ...] = (
-    Option("temperature", float, 0.0, "Sampling temperature; 0 is greedy."),
+    Option("temperature", float, _SAMPLING_DEFAULTS.temperature, "Sampling temperature; 0 is greedy."),
+    # NOTE: not SamplingParams' 128: what the framework packages have always answered with.
     Option("max_tokens", int, 256, "Most new tokens per answer."),
-    Option("top_p", float, 1.0, "Nucleus sampling mass; 1 switches it off."),
-    Option("top_k", int, 0, "Sample among the k likeliest tokens; 0 switches it off."),
+    Option("top_p", float, _SAMPLING_DEFAULTS.top_p, "Nucleus sampling mass; 1 switches it off."),
+    Option("top_k", int, _SAMPLING_DEFAULTS.top_k, "Sample among the k likeliest tokens; 0 switches it off."),
     Option("seed", int | None, None, "Seed for sampling, for repeatable answers."),
     Option("stop", list[str] | None, None, "Strings that end the answer (not included in it)."),
-    Option("timeout", float | None, None, 'Seconds a call may take; decoding stops there (finish_reason "length").'),
+    Option("timeout_s", float | None, None, 'Seconds a call may take; decoding stops there (finish_reason "length").'),
 )
 
 OPTIONS: tuple[Option, ...] = LOAD_OPTIONS + ENGINE_OPTIONS + SAMPLING_OPTIONS
-OPTION_NAMES = frozenset(o.name for o in OPTIONS)
+OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+OPTION_NAMES = frozenset(OPTIONS_BY_NAME)
 # Engine options a request can take too: they apply to a shared `engine=` as well.
-REQUEST_ENGINE_OPTIONS = frozenset({"mode", "repair", "exactness", "store_prompt_prefixes"})
+REQUEST_ENGINE_OPTIONS = frozenset({"mode", "repair", "exactness", "store_prompt"})
 # What only building an engine uses: meaningless next to an engine built already.
 BUILD_OPTION_NAMES = frozenset(o.name for o in LOAD_OPTIONS + ENGINE_OPTIONS) - REQUEST_ENGINE_OPTIONS
 # What one call may override.
-CALL_OPTION_NAMES = frozenset(o.name for o in SAMPLING_OPTIONS) | REQUEST_ENGINE_OPTIONS
-# Where `KVBoostRAG.stream` names an option otherwise.
-_STREAM_NAMES = {"max_tokens": "max_new_tokens", "timeout": "timeout_s", "store_prompt_prefixes": "store_prompt"}
-_SAMPLING_PARAMS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-_DEFAULTS = {o.name: o.default for o in OPTIONS}
-# Names users bring from the engine's API, older releases or other integrations.
+CALL_OPTIONS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.name in REQUEST_ENGINE_OPTIONS) + SAMPLING_OPTIONS
+CALL_OPTION_NAMES = frozenset(o.name for o in CALL_OPTIONS)
+# The sampling options, by their `SamplingParams` names.
+_SAMPLING_NAMES = {
+    "max_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "stop": "stop",
+}
+# Names users bring from the engine's API or other integrations: an error naming the option meant.
 RENAMED = {
     "max_new_tokens": "max_tokens",
-    "timeout_s": "timeout",
     "cache_dir": "store",
-    "store_prompt": "store_prompt_prefixes",
     "quantization": "kv_quantization",
     "repair_strategy": "repair",
     "model_path": "model",
     "torch_dtype": "dtype",
 }
+# Names earlier releases took: still accepted, with a DeprecationWarning.
+FORMER_NAMES = {"timeout": "timeout_s", "store_prompt_prefixes": "store_prompt"}
 
 
-def reject_unknown(names: Iterable[str], known: Iterable[str], what: str = "option") -> None:
-    """TypeError naming each unknown option and the known one it probably means.
-
-    Python's own word for an unexpected keyword; a misspelled option silently ignored would
-    change nothing and look like it worked.
-    """
-    known = sorted(known)
-    unknown = sorted(set(names) - set(known))
-    if not unknown:
-        return
-    hints = []
-    for name in unknown:
-        meant = RENAMED.get(name) if RENAMED.get(name) in known else None
-        close = [meant] if meant else difflib.get_close_matches(name, known, n=1)
-        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    raise TypeError(f"unknown {what}{'s' if len(unknown) > 1 else ''}: {', '.join(hints)}")
+def known_options(values: Mapping[str, Any], known: Iterable[str], what: str = "option") -> dict[str, Any]:
+    """`values` with former names renamed (a DeprecationWarning each); an unknown name is a
+    TypeError naming it and the option it probably means (`config.check_option_names`)."""
+    known = set(known)
+    renamed = dict(values)
+    for old, new in FORMER_NAMES.items():
+        if old in renamed and old not in known and new in known:
+            if new in renamed:
+                raise TypeError(f"{old!r} is the former name of {new!r}: give one of them")
+            warnings.warn(f"{what} {old!r} is now {new!r}", DeprecationWarning, stacklevel=3)
+            renamed[new] = renamed.pop(old)
+    check_option_names(renamed, known, what, RENAMED)
+    return renamed
 
 
 def engine_options(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,7 +183,8 @@ def engine_options(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_options(values: Mapping[str, Any], *, shared_engine: bool = False) -> None:
-    """Refuse at construction what the first call would refuse after loading the model.
+    """Refuse at construction what the first call would refuse after loading the model; the
+    errors are the engine's own.
 
     `shared_engine`: an `engine=` was given, so options that build an engine cannot apply.
     """
@@ -175,15 +195,11 @@ def check_options(values: Mapping[str, Any], *, shared_engine: bool = False) -> 
                 f"engine= shares an engine built already, so {', '.join(clash)} cannot apply: "
                 "pass them to KVBoostRAG.from_pretrained, or drop engine="
             )
-    EngineConfig.from_options(**engine_options(values))
-    options = stream_options(values)
-    try:
-        SamplingParams(**{name: options[name] for name in _SAMPLING_PARAMS})
-    except ValueError as error:  # in the options' names, not the engine's
-        raise ValueError(str(error).replace("max_new_tokens", "max_tokens")) from None
-    timeout = options["timeout_s"]
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    config = EngineConfig.from_options(**engine_options(values))
+    StoreLocations.parse(config.store)  # as `from_pretrained` does before loading: two directories, a bad URL
+    timeout = stream_options(values)["timeout_s"]  # builds the SamplingParams: checks them
+    if timeout is not None and not check_real(timeout, "timeout_s") > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout!r}")  # what `KVBoostRAG.stream` says
 
 
 def build_engine(values: Mapping[str, Any]) -> KVBoostRAG:
@@ -200,18 +216,17 @@ def build_engine(values: Mapping[str, Any]) -> KVBoostRAG:
 def stream_options(
     values: Mapping[str, Any], call: Mapping[str, Any] | None = None, stop: str | list[str] | None = None
 ) -> dict[str, Any]:
-    """`KVBoostRAG.stream` keyword arguments: the fields, where a call's options (not None) win.
+    """`KVBoostRAG.stream` keyword arguments: the values, where a call's options (not None) win,
+    the table's defaults beneath; the sampling ones as one `SamplingParams`.
 
     `stop` is the framework's own stop argument; an unknown call option is a TypeError.
     """
-    call = dict(call or {})
-    reject_unknown(call, CALL_OPTION_NAMES, "call option")
+    call = known_options(call or {}, CALL_OPTION_NAMES, "call option")
     if stop is not None:
         call["stop"] = stop
-    merged = {n: _first_set(call.get(n), values.get(n), _DEFAULTS[n]) for n in sorted(CALL_OPTION_NAMES)}
-    stops = merged["stop"]
-    merged["stop"] = [stops] if isinstance(stops, str) else list(stops or [])
-    return {_STREAM_NAMES.get(name, name): value for name, value in merged.items()}
+    merged = {o.name: _first_set(call.get(o.name), values.get(o.name), o.default) for o in CALL_OPTIONS}
+    sampling = SamplingParams(**{engine: merged.pop(name) for name, engine in _SAMPLING_NAMES.items()})
+    return {"sampling": sampling, **merged}
 
 
 def _first_set(*candidates: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Decode-time KV retrieval: Quest's bound, the selection, and the engine's decode with it."""
+"""Sparse decode (decode-time KV page selection): Quest's bound, the selection, and the engine's decode with it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvboost_rag import EngineConfig, KVBoostRAG, RetrievalConfig
+from kvboost_rag import EngineConfig, KVBoostRAG, SparseDecodeConfig
 from kvboost_rag.ops.attention import single_query_attention
-from kvboost_rag.ops.decode_retrieval import DecodeRetrieval
 from kvboost_rag.ops.page_selection import Selection, attend_selected, page_bounds, page_summaries, select_pages
+from kvboost_rag.ops.sparse_decode import SparseDecode
 
 SMALL = dict(enabled=True, page_size=8, budget_tokens=160, sink_tokens=16, recent_tokens=32, min_prompt_tokens=1)
 
@@ -64,9 +64,9 @@ def test_attending_to_every_token_in_bfloat16_is_the_dense_decode_step() -> None
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="fit budget_tokens"):
-        RetrievalConfig(budget_tokens=100, sink_tokens=64, recent_tokens=64)
+        SparseDecodeConfig(budget_tokens=100, sink_tokens=64, recent_tokens=64)
     with pytest.raises(ValueError, match="page_size"):
-        RetrievalConfig(page_size=0)
+        SparseDecodeConfig(page_size=0)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,8 @@ def tiny(tiny_model_dir: Path) -> KVBoostRAG:
     return KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", store="memory")
 
 
-def engine_with(tiny: KVBoostRAG, **retrieval: object) -> KVBoostRAG:
-    config = EngineConfig(store="memory", retrieval=RetrievalConfig(**retrieval))  # type: ignore[arg-type]
+def engine_with(tiny: KVBoostRAG, **options: object) -> KVBoostRAG:
+    config = EngineConfig(store="memory", sparse_decode=SparseDecodeConfig(**options))  # type: ignore[arg-type]
     return KVBoostRAG(tiny.model, tiny.tokenizer, config, name=tiny.name)
 
 
@@ -87,15 +87,15 @@ def test_a_budget_covering_the_prompt_decodes_as_dense_to_the_bit(tiny: KVBoostR
     prompt = "\n\n".join(passages[:4])
     dense = answer(engine_with(tiny), prompt)
     covered = answer(engine_with(tiny, **{**SMALL, "budget_tokens": 4096}), prompt)
-    assert covered.retrieval is not None and covered.retrieval.steps == 0
-    assert covered.token_ids == dense.token_ids and dense.retrieval is None
+    assert covered.sparse_decode is not None and covered.sparse_decode.steps == 0
+    assert covered.token_ids == dense.token_ids and dense.sparse_decode is None
 
 
 def test_a_small_budget_attends_to_selected_pages(tiny: KVBoostRAG, passages: list[str]) -> None:
     prompt = "\n\n".join(passages[:4])
     result = answer(engine_with(tiny, **SMALL), prompt)
     assert result.prompt_tokens > 400 and result.new_tokens == 12
-    assert result.retrieval is not None and result.retrieval.steps == 11 * 2, "every decode step, both layers"
+    assert result.sparse_decode is not None and result.sparse_decode.steps == 11 * 2, "every decode step, both layers"
 
 
 def test_speculative_selection_corrected_at_threshold_one_is_exact_selection(
@@ -105,28 +105,28 @@ def test_speculative_selection_corrected_at_threshold_one_is_exact_selection(
     exact = answer(engine_with(tiny, **SMALL, speculative=False), prompt)
     corrected = answer(engine_with(tiny, **SMALL, correction_threshold=1.0), prompt)
     assert corrected.token_ids == exact.token_ids
-    assert corrected.retrieval is not None and corrected.retrieval.corrected_share == 1.0
+    assert corrected.sparse_decode is not None and corrected.sparse_decode.corrected_share == 1.0
     loose = answer(engine_with(tiny, **SMALL, correction_threshold=-1.0), prompt)
-    assert loose.retrieval is not None and loose.retrieval.corrected_share == 0.0, "never re-selects"
+    assert loose.sparse_decode is not None and loose.sparse_decode.corrected_share == 0.0, "never re-selects"
 
 
 def test_the_layers_selections_made_together_are_each_layers_own() -> None:
     """The speculative selections of every layer, made in one batch at the next step's first
     layer, choose the pages each layer's previous query chooses on its own."""
     torch.manual_seed(4)
-    config = RetrievalConfig(**{**SMALL, "correction_threshold": -1.0})  # never re-select: the batch is used
-    retrieval = DecodeRetrieval(config)
+    config = SparseDecodeConfig(**{**SMALL, "correction_threshold": -1.0})  # never re-select: the batch is used
+    sparse = SparseDecode(config)
     keys = [torch.randn(1, 2, 300, 16) for _ in range(3)]
     values = [torch.randn(1, 2, 300, 16) for _ in range(3)]
     first = [torch.randn(1, 6, 1, 16) for _ in range(3)]
     for layer in range(3):  # step 1: each layer selects with its own query
-        retrieval.attend(layer, first[layer], keys[layer][:, :, :299], values[layer][:, :, :299], 0.25)
+        sparse.attend(layer, first[layer], keys[layer][:, :, :299], values[layer][:, :, :299], 0.25)
     second = [torch.randn(1, 6, 1, 16) for _ in range(3)]
     for layer in range(3):  # step 2: the batch runs at layer 0, then every layer attends to its part
-        assert (retrieval._layers[layer].selection is not None) == (layer > 0), "made by the batch at layer 0"
-        out = retrieval.attend(layer, second[layer], keys[layer], values[layer], 0.25)
-        state = retrieval._layers[layer]
+        assert (sparse._layers[layer].selection is not None) == (layer > 0), "made by the batch at layer 0"
+        out = sparse.attend(layer, second[layer], keys[layer], values[layer], 0.25)
+        state = sparse._layers[layer]
         own = select_pages(page_bounds(first[layer][0, :, 0], state.mins, state.maxs), 300, 8, 160, 16, 32)
         expected = attend_selected(second[layer][0, :, 0], keys[layer][0], values[layer][0], own, 0.25)
         assert out is not None and torch.equal(out.view(6, 16), expected)
-    assert retrieval.stats.corrected_share == 0.0 and retrieval.stats.steps == 6
+    assert sparse.stats.corrected_share == 0.0 and sparse.stats.steps == 6

@@ -1,0 +1,157 @@
+"""The chunk store: the memory tier over the persistent tiers, consulted in order.
+
+A miss in memory (`memory.py`) is looked up in each persistent tier (`tier.py`: disk, then
+Redis) in order, and a hit is kept in memory; document chunks are written through to every tier.
+Tiers fail soft: a tier call that fails is a warning and a miss, never a failed request.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import TypeVar
+
+from ..plan.keys import ContentHash, PrefixHash, WindowKey
+from .entry import ChunkEntry, DocumentRecord
+from .eviction import EvictionWeights
+from .memory import MemoryStats, MemoryTier
+from .tier import ChunkTier
+
+T = TypeVar("T")
+
+
+class ChunkStore:
+    """What an engine holds: `memory` over `tiers`. Thread-safe, as its tiers are."""
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        match_window: int,
+        weights: EvictionWeights | None = None,
+        tiers: Sequence[ChunkTier] = (),
+    ) -> None:
+        self.memory = MemoryTier(budget_bytes, match_window, weights)
+        self.tiers = list(tiers)  # persistent tiers below memory, in lookup order
+        self.tier_errors = 0  # tier calls that failed and were served without the tier
+        self._errors_lock = threading.Lock()
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.memory.budget_bytes
+
+    @property
+    def match_window(self) -> int:
+        return self.memory.match_window
+
+    @property
+    def weights(self) -> EvictionWeights:
+        return self.memory.weights
+
+    # lookups -----------------------------------------------------------------------------
+    def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
+        found = self.memory.get_exact(key)
+        return found if found is not None else self._from_tiers(lambda tier: tier.get_exact(key))
+
+    def get_content(self, key: ContentHash) -> ChunkEntry | None:
+        found = self.memory.get(key)
+        return found if found is not None else self._from_tiers(lambda tier: tier.get(key))
+
+    def _from_tiers(self, lookup: Callable[[ChunkTier], ChunkEntry | None]) -> ChunkEntry | None:
+        """A memory miss looked up in each tier in order; a hit is kept in memory."""
+        found = next(
+            (hit for t in self.tiers if (hit := self.safely(t, "lookup", lambda: lookup(t), None)) is not None),
+            None,
+        )
+        if found is not None:
+            self.memory.put(found)
+        return found
+
+    def prefetch(self, keys: list[WindowKey]) -> None:
+        """Bring chunks holding any of these windows from the tiers into memory (one batched
+        query per tier); those in memory already are kept while this request runs."""
+        missing = self.memory.touch_windows(keys)
+        for tier in self.tiers:
+            hits: list[ContentHash] = self.safely(tier, "window lookup", lambda: tier.window_hits(missing), [])
+            for content in hits:
+                self.get_content(content)
+
+    def window_candidates(self, key: WindowKey) -> list[tuple[ChunkEntry, int]]:
+        return self.memory.window_candidates(key)
+
+    def mark_used(self, entries: Iterable[ChunkEntry]) -> None:
+        """Count a hit for entries a prompt reused (found through window candidates)."""
+        used = {e.content_hash: e for e in entries}
+        self.memory.mark_used(used)
+        if used:
+            for tier in self.tiers:
+                self.safely(tier, "recording use", lambda: tier.touch(used), None)
+
+    def pin(self, key: ContentHash, pinned: bool = True) -> bool:
+        """Keep (or stop keeping) a chunk in memory whatever the budget asks; False if it is not there."""
+        return self.memory.pin(key, pinned)
+
+    def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
+        in_memory = self.memory.pin_document(doc_key, pinned)
+        in_tiers = [self.safely(t, "pinning", lambda: t.pin_document(doc_key, pinned), False) for t in self.tiers]
+        return in_memory or any(in_tiers)
+
+    def has_document(self, doc_key: bytes) -> bool:
+        """Whether every chunk of the document is stored, in memory or in a tier."""
+        if self.memory.has_document(doc_key):
+            return True
+        return any(self.safely(t, "document lookup", lambda: t.has_document(doc_key), False) for t in self.tiers)
+
+    # writes ------------------------------------------------------------------------------
+    def put(self, entry: ChunkEntry, *, persist: bool = True) -> bool:
+        """Store an entry (document chunks in every tier too, unless `persist` is False: a chat's
+        history is this process's, not the shared corpus'); False when it was there already or
+        fits nowhere."""
+        tiers = self.tiers if entry.approximate_ok and persist else []
+        in_tiers = [self.safely(t, "storing a chunk", lambda: t.put(entry), False) for t in tiers]
+        return self.memory.put(entry) or any(in_tiers)
+
+    def add_document(self, record: DocumentRecord, *, persist: bool = True) -> None:
+        """Record a document once all its chunks are stored (in a tier: only then is it complete)."""
+        self.memory.add_document(record)
+        for tier in self.tiers if persist else []:
+            # NOTE: recorded only where every chunk is: a tier that failed to store one (a full
+            # disk) keeps no document that would claim to be complete.
+            if self.safely(tier, "storing a document", lambda: _holds_all(tier, record), False):
+                self.safely(tier, "storing a document", lambda: tier.put_document(record), None)
+
+    def safely(self, tier: ChunkTier, what: str, call: Callable[[], T], default: T) -> T:
+        """A tier call whose failure (a full disk, a broken index, a lost connection) is a warning
+        and a miss: the cache is optional, so it never fails a request."""
+        try:
+            return call()
+        except Exception as error:  # noqa: BLE001 - any store error becomes a recompute
+            with self._errors_lock:
+                self.tier_errors += 1
+            warnings.warn(
+                f"kvboost-rag: {what} in {tier!r} failed ({type(error).__name__}: {error}); served without it",
+                stacklevel=3,
+            )
+            return default
+
+    def close(self) -> None:
+        """Close the tiers below (a disk tier checkpoints its index: readers see every write)."""
+        for tier in self.tiers:
+            self.safely(tier, "closing", tier.close, None)
+
+    # memory ------------------------------------------------------------------------------
+    def stats(self) -> MemoryStats:
+        """The memory tier's; each persistent tier reports its own (`ChunkTier.stats`)."""
+        return self.memory.stats()
+
+    def __iter__(self) -> Iterator[ChunkEntry]:
+        return iter(self.memory)
+
+    def serving(self) -> AbstractContextManager[None]:
+        """The lookups of one request: no chunk it uses is evicted from memory until it ends."""
+        return self.memory.serving()
+
+
+def _holds_all(tier: ChunkTier, record: DocumentRecord) -> bool:
+    return all(tier.contains(chunk) for chunk in record.chunks)

@@ -1,0 +1,107 @@
+"""Tables of the decode benchmarks: the step against its floor, sparse decode's accuracy, cost
+and page choice, and the price of extra query rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .format import Column, columns_table, get
+
+
+def decode(data: dict[str, Any]) -> str:
+    """Decode step against prompt length: ours, transformers' generate, retrieval, the floor."""
+    columns: list[Column] = [
+        ("prompt tokens", get("prompt_tokens"), "{:,}"),
+        ("ours", get("ours_step_ms"), "{:.0f} ms"),
+        ("tokens/s", get("ours_tokens_per_s"), "{:.1f}"),
+        ("floor", get("floor_step_ms"), "{:.0f} ms"),
+        ("ours x floor", get("ours_x_floor"), "{:.2f}"),
+        ("transformers generate", get("transformers_step_ms"), "{:.0f} ms"),
+        ("= ours", get("transformers_same_tokens"), lambda x: "yes" if x else "no"),
+        ("retrieval", get("retrieval_step_ms"), "{:.0f} ms"),
+        ("speedup", get("retrieval_speedup"), "{:.2f}x"),
+        ("selection", get("retrieval_select_ms_per_step"), "{:.1f} ms"),
+        ("attention", get("retrieval_attend_ms_per_step"), "{:.1f} ms"),
+        ("corrected heads", get("retrieval_corrected_share"), "{:.0%}"),
+        ("= dense", get("retrieval_same_tokens"), lambda x: "yes" if x else "no"),
+    ]
+    notes = (
+        f"{data['max_new_tokens']} new tokens, greedy; floor: weights ({data['weights_bytes'] / 1e6:.0f} MB) plus "
+        f"{data['kv_bytes_per_token'] / 1e3:.0f} KB of KV a token over {data['read_bandwidth_gb_s']:.1f} GB/s "
+        "(numpy sum here); selection and attention are retrieval's, per step (all layers)."
+    )
+    return notes + "\n\n" + columns_table(columns, data["rows"])
+
+
+def retrieval_nq(data: dict[str, Any]) -> str:
+    """Decode attentions against dense attention on long NQ prompts: retrieval, and dense attention
+    through sdpa's kernel (the noise floor of "equal"). An older result held retrieval alone."""
+    attentions = data.get("attentions") or [
+        {
+            "attention": "retrieval",
+            "same_tokens_share": data["same_tokens_share"],
+            "same_first_line_share": data["same_first_line_share"],
+            "em": data["em_retrieval"],
+            "decode_speedup_median": data["decode_speedup_median"],
+        }
+    ]
+    columns: list[Column] = [
+        ("attention", get("attention"), "{}"),
+        (f"same {data.get('max_new_tokens', 32)} tokens", get("same_tokens_share"), "{:.0%}"),
+        ("same answer line", get("same_first_line_share"), "{:.0%}"),
+        ("EM", get("em"), "{:.1%}"),
+        ("right only with dense / only with it", lambda r: f"{r['em_only_dense']} / {r['em_only_this']}", "{}"),
+        ("decode speedup", get("decode_speedup_median"), "{:.2f}x"),
+        ("corrected heads", get("corrected_share_median"), "{:.0%}"),
+    ]
+    notes = (
+        f"{data['questions']} questions, k={data['k']}, median {data['prompt_tokens_median']:,.0f} prompt tokens; "
+        f"dense attention's EM {data['em_dense']:.1%}."
+    )
+    return notes + "\n\n" + columns_table(columns, attentions)
+
+
+def retrieval_ceiling(data: dict[str, Any]) -> str:
+    """Decode steps with attention to a free window, retrieval and none, against dense."""
+    columns: list[Column] = [
+        ("prompt tokens", get("prompt_tokens"), "{:,}"),
+        ("attention", get("mode"), "{}"),
+        ("step", get("step_ms"), "{:.1f} ms"),
+        ("x dense", get("speedup"), "{:.2f}x"),
+        ("selection", get("select_ms"), "{:.1f} ms"),
+        ("attention to the selection", get("attend_ms"), "{:.1f} ms"),
+        ("corrected heads", get("corrected_share"), "{:.0%}"),
+    ]
+    notes = (
+        f"Median decode step of {data['rounds']} alternating rounds of {data['steps']} steps, one prefilled "
+        "prompt per length; free window: the last budget tokens as views (no selection, no copy); retrieval t: "
+        "correction threshold t (-1: never corrected); selection and attention are per step (all layers)."
+    )
+    rows = [{"prompt_tokens": row["prompt_tokens"], **mode} for row in data["rows"] for mode in row["modes"]]
+    return notes + "\n\n" + columns_table(columns, rows)
+
+
+def sparse_decode_choice(data: dict[str, Any]) -> str:
+    """Decode attentions teacher-forced along dense attention's answers: how good a page choice is."""
+    columns: list[Column] = [
+        ("attention", get("attention"), "{}"),
+        ("answers = dense", lambda r: f"{r['answers_equal']:.0f} / {data['questions']}", "{}"),
+        ("next token = dense", get("agreement"), "{:.1%}"),
+        ("KL a step", get("kl_mean"), "{:.4f}"),
+    ]
+    notes = f"{data['questions']} questions, k={data['k']}, {data['max_new_tokens']} tokens teacher-forced."
+    return notes + "\n\n" + columns_table(columns, data["attentions"])
+
+
+def step_rows(data: dict[str, Any]) -> str:
+    """A pass over a RAG prompt's cache against its query rows: the price of repair on decode steps."""
+    columns: list[Column] = [
+        ("query rows", get("rows"), "{}"),
+        ("pass", get("pass_ms"), "{:.1f} ms"),
+        ("each row past the first", get("extra_row_ms"), "{:.2f} ms"),
+    ]
+    notes = (
+        f"{data['questions']} NQ prompts, k={data['k']}, median {data['prompt_tokens_median']:,.0f} tokens; "
+        f"full prefill costs {data['prefill_ms_per_token']:.2f} ms a prompt token."
+    )
+    return notes + "\n\n" + columns_table(columns, data["rows"])
