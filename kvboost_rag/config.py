@@ -39,7 +39,11 @@ class RepairConfig:
     `max_tokens_per_run` for each reused run (a document's moved KV; None: no cap): a moved
     document's error sits at its first tokens, where the attention sink was (EPIC), so a long
     document needs no more repair than a short one. rho = 1 recomputes every moved token, cap or
-    not: full prefill's logits.
+    not: full prefill's logits. `rho_after_neighbours`: the share for chunks whose document was
+    warmed after its nearest documents (their KV is closer to full prefill's, so less needs
+    recomputing; None: `rho` for every chunk; rho 1 recomputes every chunk whatever its warming);
+    a prompt's budget is each moved chunk's share of its tokens, spent on the most deviating
+    tokens of the whole prompt.
     `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
     reused, little can be wrong). `narrow_check_layer`: the check layer's attention and
     feed-forward run for the selected tokens only (the next layer drops the rest); off runs them
@@ -48,6 +52,7 @@ class RepairConfig:
 
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
+    rho_after_neighbours: float | None = 0.05
     max_tokens_per_run: int | None = 32
     check_layer: int = 1
     deviation: Deviation = "key"
@@ -62,6 +67,8 @@ class RepairConfig:
             raise ValueError(f"repair strategy must be one of {REPAIR_STRATEGIES}, got {self.strategy!r}")
         if not 0.0 <= self.rho <= 1.0:
             raise ValueError(f"rho must be in [0, 1], got {self.rho!r}")
+        if self.rho_after_neighbours is not None and not 0.0 <= self.rho_after_neighbours <= 1.0:
+            raise ValueError(f"rho_after_neighbours must be None or in [0, 1], got {self.rho_after_neighbours!r}")
         if self.check_layer < 0:
             raise ValueError("check_layer must be >= 0")
         _check_optional_count("max_tokens_per_run", self.max_tokens_per_run)

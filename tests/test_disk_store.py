@@ -35,7 +35,8 @@ def tiny_engine(model_dir: Path, cache: Path, **config: object) -> KVBoostRAG:
 
 
 def warm_args(data: Path, cache: Path, model: Path) -> list[str]:
-    return [*CLI, "warm", str(data), "--store", str(cache), "--model", str(model), "--dtype", "float32"]
+    store = ["--store", str(cache), "--neighbours", "0"]  # the store under test: no embedder to load
+    return [*CLI, "warm", str(data), *store, "--model", str(model), "--dtype", "float32"]
 
 
 def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess:

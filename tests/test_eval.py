@@ -194,3 +194,44 @@ def test_cli_eval_refuses_bad_settings(tmp_path: Path, option: list[str]) -> Non
     result = CliRunner().invoke(app, ["eval", "--data", str(path), "--limit", "1", *option])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert option[0].lstrip("-").split("-")[0] in result.output.lower()
+
+
+def test_default_reads_documents_warmed_after_neighbours_and_plain_reads_them_warmed_alone(
+    fresh_engine: KVBoostRAG, passages: list[str]
+) -> None:
+    from kvboost_rag.eval.data import QAExample
+    from kvboost_rag.records import Passage
+
+    examples = [
+        QAExample(f"Question {i}?", ("x",), tuple(Passage("", p) for p in passages[4 * i : 4 * i + 4]))
+        for i in range(2)
+    ]
+    chosen = variants(["plain", "default"], Baseline(RepairConfig(max_tokens_per_run=None), ExactnessConfig.off()))
+
+    def documents(i: int) -> list[str]:
+        return [p.as_document() for p in examples[i].passages]
+
+    def others(document: str) -> list[str]:
+        return [d for i in range(2) for d in documents(i) if document in documents(i) and d != document]
+
+    def shares(neighbours_for: object) -> tuple[list[float], list[float]]:
+        engine = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, fresh_engine.config, name=fresh_engine.name)
+        report = run_eval(engine, examples, documents, chosen, max_new_tokens=2, neighbours_for=neighbours_for)
+        return [r.repair_share for r in report.records["default"]], [r.repair_share for r in report.records["plain"]]
+
+    default, plain = shares(others)
+    assert all(0 < d < p for d, p in zip(default, plain)), "less repair of chunks warmed after neighbours"
+    default, plain = shares(None)
+    assert default == plain, "with nothing warmed after neighbours, plain is the default"
+
+
+def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:
+    from kvboost_rag.eval.runner import EvalReport, Record
+
+    def record(question: int, em: float) -> Record:
+        return Record(question, em, em, 10, 0.1, None, 0.1, 1, 0.0, 0.5, 0.1, 0.1, True, True, 0.0, 1.0, "a")
+
+    report = EvalReport({}, {"full": [record(0, 1.0), record(1, 1.0), record(2, 0.0)]})
+    report.records["default"] = [record(0, 1.0), record(1, 0.0), record(2, 1.0)]
+    summary = report.summary()
+    assert summary["full"]["retention"] == 1.0 and summary["default"]["retention"] == 0.5

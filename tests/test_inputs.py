@@ -227,31 +227,42 @@ def test_warm_cli_fail_fast_stops_at_the_first_bad_file(
     assert not (store / "kv").exists() or DiskStore(store, 16).stats() == [], "stopped before warming"
 
 
-def test_warm_cli_warms_each_document_after_its_nearest(
+def test_warm_cli_warms_each_document_after_its_nearest_by_default(
     tiny_model_dir: Path, tmp_path: Path, passages: list[str]
 ) -> None:
     from kvboost_rag import EngineConfig
-    from kvboost_rag.neighbours import embed, nearest_others
+    from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, embed, nearest_others
     from kvboost_rag.plan.keys import content_hash
 
-    documents = passages[:5]
+    documents = passages[:6]
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents))
+
+    def first_chunks(store: Path, count: int) -> list[tuple[int, int]]:
+        """(context tokens it should have been warmed after, the one its first chunk records)."""
+        engine = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", config=EngineConfig(store=str(store)))
+
+        def tokens(text: str) -> np.ndarray:
+            return np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, np.int64)
+
+        found = []
+        for document, others in zip(documents, nearest_others(embed(documents), count)):
+            context = sum(len(tokens(documents[j])) + len(tokens("\n\n")) for j in others)
+            ids = tokens(document)
+            entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
+            assert entry is not None and entry.base_position == context == entry.context_tokens
+            found.append((context, entry.context_tokens))
+        engine.store.close()
+        return found
+
     store = tmp_path / "store"
-    result = _warm(folder, store, tiny_model_dir, "--neighbours", "2")
+    result = _warm(folder, store, tiny_model_dir)
     assert result.exit_code == 0, result.output
-    assert "5 warmed" in result.stdout
-    engine = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", config=EngineConfig(store=str(store)))
-
-    def tokens(text: str) -> np.ndarray:
-        return np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, np.int64)
-
-    nearest = nearest_others(embed(documents), 2)
-    for document, others in zip(documents, nearest):
-        context = sum(len(tokens(documents[j])) + len(tokens("\n\n")) for j in others)
-        ids = tokens(document)
-        entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
-        assert entry is not None and entry.base_position == context, "encoded after its two nearest"
+    assert "6 warmed" in result.stdout and f"each document's {DEFAULT_NEIGHBOURS} nearest" in result.stderr
+    assert all(context > 0 for context, _ in first_chunks(store, DEFAULT_NEIGHBOURS)), "after its nearest"
+    alone = tmp_path / "alone"
+    assert _warm(folder, alone, tiny_model_dir, "--neighbours", "0").exit_code == 0
+    assert first_chunks(alone, 0) == [(0, 0)] * len(documents), "--neighbours 0: each alone"
     refused = _warm(folder, store, tiny_model_dir, "--neighbours", "-1")
     assert refused.exit_code == 2 and "Traceback" not in refused.output

@@ -7,11 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from kvboost_rag import KVBoostRAG
+from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.config import RepairConfig
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.hf.cache import forward_last_logits, make_cache, stacked_kv
 from kvboost_rag.plan.keys import content_hash
+
+
+def in_memory(engine: KVBoostRAG) -> KVBoostRAG:
+    """Another engine on the same model with a store of its own (never the user's)."""
+    return KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
 
 
 def tokens_of(engine: KVBoostRAG, text: str) -> np.ndarray:
@@ -39,7 +44,7 @@ def test_a_document_keeps_its_kv_as_computed_after_its_neighbours(
     start = len(context)
     assert torch.allclose(entry.keys, keys[:, :, start : start + first_chunk], atol=1e-5)
     assert torch.allclose(entry.values, values[:, :, start : start + first_chunk], atol=1e-5)
-    alone = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, name=fresh_engine.name)
+    alone = in_memory(fresh_engine)
     alone.warm([document])
     alone_entry = alone.store.get_content(entry.content_hash)
     assert alone_entry is not None and not torch.allclose(alone_entry.values, entry.values, atol=1e-3)
@@ -77,7 +82,7 @@ def test_neighbours_bring_unrepaired_kv_closer_to_full_prefill(fresh_engine: KVB
 
     fresh_engine.warm(documents)
     alone = kl(fresh_engine)
-    together = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, name=fresh_engine.name)
+    together = in_memory(fresh_engine)
     together.warm(documents, neighbours=_others(documents))
     assert kl(together) < alone
 
@@ -109,3 +114,35 @@ def test_the_farthest_neighbours_are_left_out_to_fit_the_window(tiny_model_dir, 
     assert 2 * length + own > engine.max_context >= length + own
     report = engine.warm([document], neighbours=[[long_text + " far", long_text]])
     assert report.tokens_encoded == length + own
+
+
+def test_each_chunk_records_how_its_document_was_warmed(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+    documents = passages[24:26]
+    fresh_engine.warm(documents[:1], neighbours=[documents[1:]])
+    fresh_engine.warm(documents[1:])
+    context = len(tokens_of(fresh_engine, documents[1])) + len(tokens_of(fresh_engine, "\n\n"))
+    for document, expected in ((documents[0], context), (documents[1], 0)):
+        tokens = tokens_of(fresh_engine, document)
+        first_chunk = fresh_engine.boundaries(tokens)[1]
+        entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
+        assert entry is not None and entry.context_tokens == expected
+
+
+def test_the_repair_recomputes_less_of_chunks_warmed_after_their_neighbours(
+    fresh_engine: KVBoostRAG, passages: list[str]
+) -> None:
+    documents, prompt = _prompt(passages)
+    uncapped = RepairConfig(max_tokens_per_run=None)  # rho 0.15 alone, 0.05 after neighbours
+    fresh_engine.warm(documents)
+    alone = fresh_engine.generate(prompt, max_new_tokens=1, repair=uncapped, store_prompt=False)
+    together = in_memory(fresh_engine)
+    together.warm(documents, neighbours=_others(documents))
+    after = together.generate(prompt, max_new_tokens=1, repair=uncapped, store_prompt=False)
+    moved = alone.reused_approximate_tokens
+    assert moved == after.reused_approximate_tokens > 300
+    assert alone.repair_tokens == -(-moved * 15 // 100)  # ceil(0.15 x moved)
+    assert after.repair_tokens == -(-moved * 5 // 100)
+    same = together.generate(
+        prompt, max_new_tokens=1, repair=RepairConfig(max_tokens_per_run=None, rho_after_neighbours=None)
+    )
+    assert same.repair_tokens == alone.repair_tokens, "None: one share for every chunk"

@@ -123,7 +123,7 @@ def test_chunks_round_trip_with_their_index_in_every_format(server: LocalRedis) 
 
     tier = RedisStore(server.url, match_window=4)
     for i, kind in enumerate([None, "int8", "int4", "bf16"]):
-        entry = entry_of(list(range(10 * i, 10 * i + 12)))
+        entry = entry_of(list(range(10 * i, 10 * i + 12)), context_tokens=7 * i)
         if kind == "bf16":
             entry = entry_of(list(range(10 * i, 10 * i + 12)))
             entry.keys, entry.values = entry.keys.to(torch.bfloat16), entry.values.to(torch.bfloat16)
@@ -132,6 +132,7 @@ def test_chunks_round_trip_with_their_index_in_every_format(server: LocalRedis) 
         assert tier.put(entry) and not tier.put(entry), "a second put finds it there"
         loaded = tier.get(entry.content_hash)
         assert loaded is not None and np.array_equal(loaded.tokens, entry.tokens)
+        assert loaded.context_tokens == entry.context_tokens, "how it was warmed travels with it"
         assert torch.equal(loaded.dense_kv()[0], entry.dense_kv()[0])
         windows = window_keys(entry.fingerprint, entry.tokens, 4)
         assert tier.window_hits([windows[4]]) == [entry.content_hash], "found by a window at any offset"

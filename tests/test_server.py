@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -118,6 +119,26 @@ def test_warmed_documents_are_reused_and_counted_as_cached(
     assert usage.prompt_tokens_details.cached_tokens > 0.7 * usage.prompt_tokens
     stats = httpx.get(server[0].removesuffix("/v1") + "/kvboost/store", headers={"Authorization": f"Bearer {KEY}"})
     assert stats.status_code == 200 and stats.json()["memory"]["pinned"] > 0
+
+
+def test_warm_places_each_document_after_its_nearest_of_the_request(
+    server: tuple[str, KVBoostRAG], passages: list[str]
+) -> None:
+    from kvboost_rag.plan.keys import content_hash
+
+    url, engine = server
+
+    def first_chunk_context(document: str) -> int:
+        ids = np.asarray(engine.tokenizer(document, add_special_tokens=False).input_ids, np.int64)
+        entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
+        assert entry is not None
+        return entry.context_tokens
+
+    together, alone = passages[8:13], passages[13:15]
+    assert raw(url, "/kvboost/warm", {"documents": together}).status_code == 200
+    assert all(first_chunk_context(d) > 0 for d in together), "by default after its nearest"
+    assert raw(url, "/kvboost/warm", {"documents": alone, "neighbours": 0}).status_code == 200
+    assert [first_chunk_context(d) for d in alone] == [0, 0]
 
 
 def test_streamed_chat_equals_the_whole_answer(client: openai.OpenAI) -> None:
@@ -248,6 +269,8 @@ def test_warm_and_prune_refuse_bad_input(server: tuple[str, KVBoostRAG]) -> None
     assert raw(server[0], "/kvboost/warm", {"documents": ["ok", 3]}).status_code == 400
     assert raw(server[0], "/kvboost/warm", {"documents": "one text"}).status_code == 400
     assert raw(server[0], "/kvboost/warm", {"documents": ["ok"], "pin": "yes"}).status_code == 400
+    assert raw(server[0], "/kvboost/warm", {"documents": ["ok"], "neighbours": -1}).status_code == 400
+    assert raw(server[0], "/kvboost/warm", {"documents": ["a", "\ud800"]}).status_code == 400
     response = raw(server[0], "/kvboost/store/prune", {"budget_bytes": 0})
     assert response.status_code == 400 and "memory only" in response.json()["error"]["message"]
 

@@ -198,6 +198,7 @@ def test_sigkill_at_a_random_point_then_verify_and_resume(
     data.write_text("\n".join(json.dumps({"title": "", "text": d}) for d in documents))
     store = tmp_path / "store"
     args = ["warm", str(data), "--store", str(store), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    args += ["--neighbours", "0"]  # the store under faults: no embedder to load
     process = subprocess.Popen([sys.executable, "-m", "kvboost_rag.cli", *args], stderr=subprocess.DEVNULL)
     kill_after = random.Random(seed).randint(1, 150)  # chunk files written before the kill
     deadline = time.time() + 120

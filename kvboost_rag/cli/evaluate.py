@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ..config import MEMORY_ONLY
+from ..neighbours import DEFAULT_NEIGHBOURS
 from .app import app, store_location
 from .options import table_options
 
@@ -29,12 +30,17 @@ def eval_command(
         int, typer.Option(help="passages per document: >1 joins neighbouring passages into long documents")
     ] = 1,
     warm_neighbours: Annotated[
-        int, typer.Option(help="warm each document after its N nearest corpus documents (FusionRAG); 0: alone")
-    ] = 0,
+        int | None,
+        typer.Option(
+            help="warm each document after its N nearest corpus documents (FusionRAG), as `kvboost-rag warm` "
+            f"does; 0: alone [default: {DEFAULT_NEIGHBOURS}; 0 with --use-ctxs]",
+            min=0,
+        ),
+    ] = None,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[str, typer.Option(help="comma list of variants (see eval/variants.py)")] = (
-        "full,none,boundary,cacheblend,default,exact"
+        "full,none,boundary,cacheblend,plain,default,exact"
     ),
     rho_sweep: Annotated[
         str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
@@ -116,10 +122,12 @@ def eval_command(
         index = corpus_index(examples, doc_passages)
         retrieved = retrieve_documents(index, chosen, k)
         passages_for = lambda i: list(retrieved[i])  # noqa: E731
+    if warm_neighbours is None:
+        warm_neighbours = 0 if use_ctxs else DEFAULT_NEIGHBOURS
     neighbours_for = None
     if warm_neighbours:
-        if use_ctxs or warm_neighbours < 0:
-            raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs) and N >= 0")
+        if use_ctxs:
+            raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs)")
         nearest = index.neighbours(warm_neighbours)
         neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
     template_text = TEMPLATE
@@ -160,6 +168,6 @@ def eval_command(
     )
     typer.echo(format_table(report))
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
-    stem += f"_nb{warm_neighbours}" if warm_neighbours else ""
+    stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
     paths = write(report, out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ..engine.inputs import can_be_neighbour
+from ..neighbours import DEFAULT_NEIGHBOURS, embedder_installed, nearest_texts
 from .app import app, store_location
 from .options import table_options
 
@@ -60,11 +62,12 @@ def warm(
     neighbours: Annotated[
         int,
         typer.Option(
-            help="encode each document after its N nearest documents of the run (FusionRAG): KV closer "
-            "to full prefill's, (N+1)x the warming work; 0: each alone",
+            help="encode each document after its N nearest documents of the run by the bundled embedder "
+            "(FusionRAG): KV closer to full prefill's, so prompts need less repair, for (N+1)x the warming "
+            "work; 0: each alone",
             min=0,
         ),
-    ] = 0,
+    ] = DEFAULT_NEIGHBOURS,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
     *,
     options: dict[str, Any],
@@ -100,7 +103,18 @@ def warm(
     if not documents:
         failures.exit()
         raise typer.BadParameter("no documents found in " + ", ".join(map(str, paths)))
-    nearest = _nearest_documents([text for _, _, text in documents], neighbours)
+    texts = [text for _, _, text in documents]
+    nearest: list[list[str]] = [[] for _ in texts]
+    if neighbours and len(texts) > 1:
+        if embedder_installed():
+            typer.echo(f"finding each document's {neighbours} nearest among {len(texts)}", err=True)
+            nearest = nearest_texts(texts, neighbours, can_be_neighbour)
+        else:
+            typer.echo(
+                "warming each document alone: finding neighbours needs the eval extra (pip install "
+                "'kvboost-rag[eval]'); --neighbours 0 says so",
+                err=True,
+            )
     engine = build_engine(options)
     skipped = chunks = store_errors = 0
     # Progress in characters: proportional to the work, without tokenizing every document twice.
@@ -129,30 +143,3 @@ def warm(
     if store_errors:
         typer.echo(f"{store_errors} writes to the store failed (warnings above): those chunks were not kept", err=True)
     failures.exit()
-
-
-def _nearest_documents(texts: list[str], count: int) -> list[list[str]]:
-    """Each text's `count` nearest texts by the bundled embedder, nearest last. A text that is not
-    valid Unicode is nobody's neighbour: warming it reports it."""
-    if not count:
-        return [[] for _ in texts]
-    from ..neighbours import embed, nearest_others
-
-    valid = [i for i, text in enumerate(texts) if text.strip() and _encodable(text)]
-    typer.echo(f"finding each document's {count} nearest among {len(valid)}", err=True)
-    found = nearest_others(embed([texts[i] for i in valid]), count)
-    nearest: list[list[str]] = [[] for _ in texts]
-    for i, others in zip(valid, found):
-        nearest[i] = [texts[valid[j]] for j in others]
-    return nearest
-
-
-def _encodable(text: str) -> bool:
-    """Whether warming can take the text (`check_text`, which warming itself applies)."""
-    from ..engine.inputs import check_text
-
-    try:
-        check_text(text, "text")
-    except ValueError:
-        return False
-    return True

@@ -32,6 +32,15 @@ def check_text(text: str, name: str) -> str:
     return text
 
 
+def can_be_neighbour(text: str) -> bool:
+    """Whether a text can stand before another when warming: not blank, and text the tokenizer
+    (and the embedder that finds neighbours) can take. Warming the text itself reports why not."""
+    try:
+        return bool(check_text(text, "text").strip())
+    except ValueError:
+        return False
+
+
 def check_prompt(prompt: Any) -> str | Messages:
     """A non-empty str, or a non-empty list/tuple of {'role': str, 'content': str} messages."""
     if isinstance(prompt, str):

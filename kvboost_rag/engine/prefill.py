@@ -24,7 +24,7 @@ from ..ops.attention import position_mask
 from ..ops.rope import rerotate_keys
 from ..ops.selection import blend_candidates, select_for_recompute
 from ..plan.matching import ReusePlan
-from ..plan.repair import boundary_positions, reused_runs, with_recomputed
+from ..plan.repair import boundary_positions, repair_share, reused_runs, with_recomputed
 from ..plan.segments import Segment
 from .result import StageTimings
 
@@ -144,11 +144,12 @@ class PrefillRunner:
             forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
         use_values = repair.deviation == "value"
         cap = repair.max_tokens_per_run
-        limit = cap * len(reused_runs(plan)) if cap is not None and repair.rho < 1.0 else None
+        rho = repair_share(plan, repair.rho, repair.rho_after_neighbours)
+        limit = cap * len(reused_runs(plan)) if cap is not None and rho < 1.0 else None
 
         def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
             fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
-            return select_for_recompute(fresh, cached, moved, forced, repair.rho, limit)
+            return select_for_recompute(fresh, cached, moved, forced, rho, limit)
 
         check_layer = min(repair.check_layer, layers - 1)
         cache = SelectiveCache(mixed_keys, mixed_values, check_layer, select, repair.narrow_check_layer)

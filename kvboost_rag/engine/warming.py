@@ -128,7 +128,8 @@ class Warmer:
         # they are APPROXIMATE candidates only; without, a prompt starting with the document hits EXACT.
         prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, cuts) if start == 0 else None
         kv = keys[:, :, start:], values[:, :, start:]
-        return self.writer.write(doc_key, tokens, cuts, self.writer.contents(tokens, cuts), kv, start, prefixes)
+        contents = self.writer.contents(tokens, cuts)
+        return self.writer.write(doc_key, tokens, cuts, contents, kv, start, prefixes, context_tokens=len(context))
 
     def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of the warm prefix, computed once."""

@@ -18,6 +18,7 @@ COLUMNS = [
     ("f1_diff_vs_full", "F1 diff", "{:+.1%}"),
     ("first_token_agreement", "1st tok agree", "{:.1%}"),
     ("answer_agreement", "answer agree", "{:.1%}"),
+    ("retention", "retention", "{:.1%}"),
     ("first_token_agreement_clear", "1st tok agree, clear", "{:.1%}"),
     ("first_token_kl_mean", "1st tok KL", "{:.3f}"),
     ("ttft_median_s", "TTFT med", "{:.3f}s"),

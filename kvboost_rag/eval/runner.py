@@ -11,9 +11,10 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..config import MEMORY_ONLY
 from ..engine import GenerationResult, KVBoostRAG
 from ..ops.logits import kl_divergence, top_margin
 from .data import QAExample
@@ -77,6 +78,7 @@ class EvalReport:
                 "em_diff_ci95_low": low,
                 "em_diff_ci95_high": high,
                 "f1_diff_vs_full": _mean_or_nan(f1_diffs),
+                "retention": _mean_or_nan([r.em for r, full in paired if full.em]),
                 "first_token_agreement": statistics.fmean(r.first_token_agrees for r in records),
                 "answer_agreement": statistics.fmean(r.answer_agrees for r in records),
                 "first_token_kl_mean": statistics.fmean(r.first_token_kl for r in records),
@@ -136,17 +138,26 @@ def run_eval(
     settings: dict[str, Any] | None = None,
     neighbours_for: Callable[[str], list[str]] | None = None,
 ) -> EvalReport:
-    """Answer every example with every variant; `passages_for(i)` gives example i's documents."""
+    """Answer every example with every variant; `passages_for(i)` gives example i's documents,
+    warmed after `neighbours_for(document)` where given; `warm_alone` variants read a second store
+    of the same documents warmed alone."""
     if not variants or variants[0].mode != "full":
         raise ValueError("the first variant must be full prefill: every other is measured against it")
     report = EvalReport(settings=dict(settings or {}))
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
+    alone = engine
+    if neighbours_for is not None and any(v.warm_alone for v in [*variants, *(sweep or [])]):
+        alone = KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store=MEMORY_ONLY), name=engine.name)
     if examples:
         warm_template_head(engine, passages_for(0)[0], template, chat, neighbours_for)
+        if alone is not engine:
+            warm_template_head(alone, passages_for(0)[0], template, chat)
     for i in progress(range(len(examples))):
         example = examples[i]
         documents = passages_for(i)
         engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
+        if alone is not engine:
+            alone.warm(documents)
         documents = fitting_documents(engine, example.question, documents, template, chat, max_new_tokens)
         random.Random(f"{seed}:{i}").shuffle(documents)
         prompt = rag_prompt(example.question, documents, template, chat)
@@ -155,7 +166,7 @@ def run_eval(
         results = {variants[0].name: reference}
         shift = i % max(len(todo), 1)
         for variant in todo[shift:] + todo[:shift]:  # rotate the order: none always runs first
-            results[variant.name] = _answer(engine, prompt, variant, max_new_tokens)
+            results[variant.name] = _answer(alone if variant.warm_alone else engine, prompt, variant, max_new_tokens)
         for name, result in results.items():
             report.records.setdefault(name, []).append(_record(i, example, result, reference))
     return report

@@ -2,7 +2,9 @@
 
 Every prefill variant runs one technique alone (nothing recomputed after the prefill), so its
 row shows what that technique buys; `verify`, `refresh` and `exact` add a step after
-CacheBlend's prefill; `default` is the engine as its settings stand.
+CacheBlend's prefill; `default` is the engine as its settings stand, on documents warmed as
+`kvboost-rag warm` warms them (after their neighbours), and `plain` the same on documents warmed
+alone.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Variant:
     mode: Mode
     repair: RepairConfig | None = None  # None: the engine's
     exactness: ExactnessConfig | None = None  # None: the engine's
+    warm_alone: bool = False  # read documents warmed each alone, where the eval warms after neighbours
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,6 +51,7 @@ VARIANTS: dict[str, Builder] = {
     "boundary32": lambda b: Variant("boundary32", "reuse", RepairConfig(strategy="boundary", boundary_tokens=32), OFF),
     "cacheblend": lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
     "default": lambda b: Variant("default", "reuse", b.repair, b.exactness),
+    "plain": lambda b: Variant("plain", "reuse", b.repair, b.exactness, warm_alone=True),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)
     "verify": lambda b: Variant("verify", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=None)),
@@ -75,5 +79,8 @@ def variants(names: Iterable[str], baseline: Baseline) -> list[Variant]:
 
 
 def rho_variants(baseline: Baseline, rhos: Iterable[float]) -> list[Variant]:
-    """CacheBlend alone at each rho."""
-    return [Variant(f"cacheblend@{rho:g}", "reuse", replace(baseline.cacheblend, rho=rho), OFF) for rho in rhos]
+    """CacheBlend alone at each rho, for every chunk however it was warmed."""
+    return [
+        Variant(f"cacheblend@{rho:g}", "reuse", replace(baseline.cacheblend, rho=rho, rho_after_neighbours=None), OFF)
+        for rho in rhos
+    ]

@@ -11,6 +11,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..engine import KVBoostRAG, WarmReport
+from ..neighbours import DEFAULT_NEIGHBOURS
+
+
+def retrieved_together(texts: Sequence[str], count: int | None = None) -> Callable[[str], list[str]]:
+    """Each text's neighbours among texts a retriever returned together (best first): the
+    `count` (default DEFAULT_NEIGHBOURS) best-ranked others, nearest last as they stand before it.
+    Documents retrieved for one query are the ones a prompt puts around each other, so no index
+    search is needed to find them."""
+    count = DEFAULT_NEIGHBOURS if count is None else count
+    ranked = list(dict.fromkeys(t for t in texts if t.strip()))
+    return lambda text: [t for t in ranked if t != text][:count][::-1]
 
 
 def warm_quietly(

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from ..ops.attention import position_mask
+from .cache import cache_argument
 from .model import decoder_layers
 
 Selector = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -108,8 +109,8 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
         out = model(
             input_ids=input_ids.view(1, -1),
             position_ids=positions.view(1, -1),
-            cache=cache,
             use_cache=True,
+            **cache_argument(model, cache),
             logits_to_keep=1,
         )
     finally:

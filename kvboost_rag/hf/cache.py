@@ -7,6 +7,8 @@ under its users twice in 2025 (legacy tuples are gone in v5), so it is touched h
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -164,6 +166,18 @@ def gather_slots(cache: DynamicCache, slots: torch.Tensor) -> tuple[torch.Tensor
     return keys, values
 
 
+@functools.cache
+def _cache_keyword(forward: Any) -> str:
+    """What a model's forward calls its cache: `cache` from transformers 5.2x on, `past_key_values`
+    before (where `cache=` is silently swallowed by **kwargs and the model builds its own)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_argument(model: Any, cache: DynamicCache) -> dict[str, DynamicCache]:
+    """The keyword argument that hands `cache` to `model`'s forward, in this transformers."""
+    return {_cache_keyword(type(model).forward): cache}
+
+
 @torch.inference_mode()
 def forward_last_logits(
     model: Any,
@@ -177,8 +191,8 @@ def forward_last_logits(
         out = model(
             input_ids=input_ids.view(1, -1),
             position_ids=position_ids.view(1, -1),
-            cache=cache,
             attention_mask=attention_mask,
+            **cache_argument(model, cache),
             use_cache=True,
             logits_to_keep=1,
         )

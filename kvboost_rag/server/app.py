@@ -18,7 +18,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
-from ..engine.result import GenerationResult
+from ..engine.inputs import can_be_neighbour
+from ..engine.result import GenerationResult, WarmReport
+from ..neighbours import DEFAULT_NEIGHBOURS, embedder_installed, nearest_texts
 from .admission import Admission, RunningSlot
 from .errors import APIError, install_handlers
 from .options import stream_arguments
@@ -112,7 +114,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     @app.post("/kvboost/warm", dependencies=[Depends(authorized)])
     async def warm(body: WarmRequest) -> dict[str, Any]:
         try:
-            report = await anyio.to_thread.run_sync(lambda: engine.warm(body.documents, pin=body.pin))
+            report = await anyio.to_thread.run_sync(lambda: warm_with_neighbours(engine, body))
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error), param="documents") from None
         return {**asdict(report), "encoded_documents": report.encoded_documents}
@@ -172,3 +174,18 @@ async def _events(
         stream.close()
         slot.give_back()
         admission.leave()
+
+
+def warm_with_neighbours(engine: KVBoostRAG, body: WarmRequest) -> WarmReport:
+    """Each document warmed after its nearest documents of the request, as `kvboost-rag warm`
+    warms a corpus (by default where the bundled embedder is installed; else alone)."""
+    count = body.neighbours
+    if count is None:
+        count = DEFAULT_NEIGHBOURS if embedder_installed() else 0
+    elif count and not embedder_installed():
+        raise APIError(
+            400, "neighbours are found by the bundled embedder: install kvboost-rag[eval]", param="neighbours"
+        )
+    documents = body.documents
+    nearest = nearest_texts(documents, count, can_be_neighbour) if count and len(documents) > 1 else None
+    return engine.warm(documents, pin=body.pin, neighbours=nearest)

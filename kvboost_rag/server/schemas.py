@@ -206,6 +206,9 @@ class CompletionRequest(GenerationFields):
 class WarmRequest(Strict):
     documents: list[StrictStr] = Field(min_length=1)
     pin: StrictBool = False
+    # each document warmed after its N nearest of the request (the bundled embedder); None: 4
+    # where the embedder is installed, 0: alone
+    neighbours: StrictInt | None = Field(default=None, ge=0)
 
 
 class PruneRequest(Strict):

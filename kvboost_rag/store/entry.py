@@ -28,6 +28,9 @@ class ChunkEntry:
     approximate_ok: bool = True  # indexed for position-independent reuse
     importance: float | None = None  # mean L2 norm of its value vectors; computed when None
     window_keys: list[WindowKey] = field(default_factory=list)
+    # Tokens of other documents its document was encoded after (neighbour-aware warming); 0: alone.
+    # The repair recomputes less of KV warmed among its neighbours (RepairConfig.rho_after_neighbours).
+    context_tokens: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

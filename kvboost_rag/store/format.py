@@ -39,6 +39,7 @@ class ChunkRecord:
     next_chunk: bytes | None
     tokens: np.ndarray
     importance: float
+    context_tokens: int = 0  # chunks written before it was recorded were warmed alone
 
 
 def serialize(entry: ChunkEntry, importance: float) -> bytes:
@@ -60,15 +61,25 @@ def serialize(entry: ChunkEntry, importance: float) -> bytes:
         "base_position": str(entry.base_position),
         "next_chunk": entry.next_chunk.hex() if entry.next_chunk is not None else "",
         "importance": repr(float(importance)),
+        "context_tokens": str(entry.context_tokens),
     }
     return save_tensors(tensors, metadata=metadata)
 
 
-def deserialize(data: bytes, content: bytes) -> tuple[KV, KV]:
-    """Keys and values of the chunk `content` (v1 or v2); ValueError when the bytes are not that
-    chunk."""
+def deserialize(data: bytes, content: bytes) -> tuple[KV, KV, int]:
+    """Keys, values and context tokens of the chunk `content` (v1 or v2); ValueError when the
+    bytes are not that chunk."""
     metadata, tensors = _checked_chunk(data, content)
-    return _rebuild("keys", metadata, tensors), _rebuild("values", metadata, tensors)
+    return _rebuild("keys", metadata, tensors), _rebuild("values", metadata, tensors), context_tokens(metadata)
+
+
+def context_tokens(metadata: dict[str, str]) -> int:
+    """How many tokens of neighbours the chunk's document was warmed after; 0 (alone) in files
+    written before the record was kept."""
+    value = metadata.get("context_tokens", "0")
+    if not value.isdigit():
+        raise ValueError(f"bad context_tokens {value!r}")
+    return int(value)
 
 
 def load_chunk(data: bytes, content: bytes) -> tuple[ChunkRecord, KV, KV]:
@@ -98,6 +109,7 @@ def _record(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> Chunk
         optional("next_chunk"),
         tensors["tokens"].numpy().astype(np.int64),
         float(metadata["importance"]),
+        context_tokens(metadata),
     )
 
 

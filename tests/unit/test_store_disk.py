@@ -43,6 +43,7 @@ def test_dense_entries_round_trip(fakes, disk, dtype) -> None:
     entry = replace(
         fakes.entry(tokens, base_position=32, prefix=prefix_hash(fakes.model_fp, None, tokens), importance=1.5),
         next_chunk=b"n" * 32,
+        context_tokens=24,
     )
     entry = replace(entry, keys=entry.keys.to(dtype), values=entry.values.to(dtype))
     assert disk.put(entry)
@@ -52,7 +53,7 @@ def test_dense_entries_round_trip(fakes, disk, dtype) -> None:
         assert loaded.keys.dtype == dtype and torch.equal(loaded.keys, entry.keys)
         assert torch.equal(loaded.values, entry.values)
         assert loaded.tokens.dtype == np.int64 and np.array_equal(loaded.tokens, tokens)
-        assert loaded.base_position == 32 and loaded.importance == 1.5
+        assert loaded.base_position == 32 and loaded.importance == 1.5 and loaded.context_tokens == 24
         assert (loaded.content_hash, loaded.prefix_hash, loaded.next_chunk) == (
             entry.content_hash,
             entry.prefix_hash,
@@ -293,3 +294,19 @@ def test_an_unset_importance_does_not_come_back_as_zero(fakes, disk) -> None:
     disk.put(entry)
     loaded = disk.get(entry.content_hash)
     assert loaded.importance is None or loaded.importance == pytest.approx(value_norm(entry.values))
+
+
+def test_a_chunk_written_before_warming_was_recorded_reads_as_warmed_alone(fakes, disk) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    entry = replace(fakes.entry(fakes.tokens(16, band=3)), context_tokens=40)
+    assert disk.put(entry)
+    path = chunk_file(disk, entry)
+    with safe_open(str(path), "pt") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    del metadata["context_tokens"]  # as an older kvboost-rag wrote it
+    save_file(tensors, str(path), metadata=metadata)
+    loaded = disk.get(entry.content_hash)
+    assert loaded is not None and loaded.context_tokens == 0

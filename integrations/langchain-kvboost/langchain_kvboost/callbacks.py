@@ -10,21 +10,28 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.frameworks.warming import warm_quietly
+from kvboost_rag.frameworks.warming import retrieved_together, warm_quietly
 
 
 class KVBoostRetrievalWarmer(BaseCallbackHandler):
     """On retriever end, warm each document's page_content (the text the prompt will hold).
 
-    Pass it in the chain's config: `chain.invoke(q, config={"callbacks": [warmer]})`. Warming
-    never fails the chain: an error becomes a warning.
+    Pass it in the chain's config: `chain.invoke(q, config={"callbacks": [warmer]})`. Each
+    document is warmed after the best-ranked `neighbours` others retrieved with it (default 4; 0:
+    alone), as the prompt will place them around it, so less of it needs repair. Warming never
+    fails the chain: an error becomes a warning.
     """
 
     run_inline = True  # warm before the prompt is assembled, in the same thread
 
-    def __init__(self, engine: KVBoostRAG) -> None:
+    def __init__(self, engine: KVBoostRAG, neighbours: int | None = None) -> None:
+        if neighbours is not None and neighbours < 0:
+            raise ValueError(f"neighbours must be >= 0, got {neighbours}")
         self.engine = engine
+        self.neighbours = neighbours
         self.warmed_documents = 0
 
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any) -> None:
-        self.warmed_documents += warm_quietly(self.engine, (d.page_content for d in documents)).encoded_documents
+        texts = [d.page_content for d in documents]
+        nearest = retrieved_together(texts, self.neighbours) if self.neighbours != 0 else None
+        self.warmed_documents += warm_quietly(self.engine, texts, nearest).encoded_documents

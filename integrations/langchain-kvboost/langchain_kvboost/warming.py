@@ -10,6 +10,7 @@ from langchain_core.vectorstores import VectorStore
 
 from kvboost_rag import KVBoostRAG, WarmReport
 from kvboost_rag.frameworks.warming import warm_quietly
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS
 
 
 def warm_documents(
@@ -17,23 +18,26 @@ def warm_documents(
     documents: Sequence[Document],
     *,
     vectorstore: VectorStore | None = None,
-    neighbours: int = 0,
+    neighbours: int | None = None,
     **kwargs: Any,
 ) -> WarmReport:
     """Warm each document's page_content; call it where documents go into a vector store:
 
         vectorstore.add_documents(chunks)
-        warm_documents(engine, chunks, vectorstore=vectorstore, neighbours=4)
+        warm_documents(engine, chunks, vectorstore=vectorstore)
 
-    With `neighbours` (and the `vectorstore` they are searched in), each document is encoded
-    after its nearest documents there, as it will stand among them in prompts (FusionRAG): its
-    reused KV is then closer to full prefill's, at (neighbours + 1)x the warming work. A document
-    that cannot be warmed becomes a warning: warming must never fail ingestion.
+    With a `vectorstore`, each document is encoded after its `neighbours` nearest documents there
+    (default 4; 0: alone), as it will stand among them in prompts (FusionRAG): its reused KV is
+    then closer to full prefill's, so prompts need less repair, at (neighbours + 1)x the warming
+    work. Without one, each is warmed alone. A document that cannot be warmed becomes a warning:
+    warming must never fail ingestion.
     """
-    if neighbours < 0:
+    if neighbours is not None and neighbours < 0:
         raise ValueError(f"neighbours must be >= 0, got {neighbours}")
     if neighbours and vectorstore is None:
         raise ValueError("neighbours are searched in a vector store: pass vectorstore=")
+    if neighbours is None:
+        neighbours = DEFAULT_NEIGHBOURS if vectorstore is not None else 0
 
     def nearest(text: str) -> list[str]:
         found = vectorstore.similarity_search(text, k=neighbours + 1)  # type: ignore[union-attr]

@@ -115,6 +115,28 @@ def test_ingestion_warms_each_node_after_its_nearest_nodes(
     assert result["reused_approximate_tokens"] >= 0.8 * document_tokens(engine, response.source_nodes)
 
 
+def test_by_default_nodes_are_warmed_after_their_four_nearest_and_alone_before_the_embed_model(
+    engine: KVBoostRAG, build_query_engine: Callable[..., Any], embed_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    contexts: dict[str, Any] = {}
+    warm = engine.warm
+
+    def recording(text: str, **kwargs: Any) -> Any:
+        contexts[text] = kwargs.get("neighbours", [None])[0]
+        return warm(text, **kwargs)
+
+    monkeypatch.setattr(engine, "warm", recording)
+    build_query_engine(
+        KVBoostLLM(engine=engine, max_tokens=4), ingestion=[embed_model, KVBoostWarmTransformation(engine=engine)]
+    )
+    assert len(contexts) == 12 and all(len(others) == 4 for others in contexts.values())
+    contexts.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default asks nothing it cannot find: no warning
+        build_query_engine(KVBoostLLM(engine=engine, max_tokens=4), [KVBoostWarmTransformation(engine=engine)])
+    assert set(map(type, contexts.values())) == {type(None)}, "not embedded yet: each alone"
+
+
 def test_neighbours_before_the_embed_model_warn_and_warm_alone(
     engine: KVBoostRAG, build_query_engine: Callable[..., Any]
 ) -> None:

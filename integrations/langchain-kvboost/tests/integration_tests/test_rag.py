@@ -81,14 +81,50 @@ def test_ingestion_warms_each_document_after_its_nearest_in_the_vector_store(
         warm_documents(engine, nq_documents, neighbours=2)
 
 
-def test_retrieval_warming_works_when_ingestion_did_not(
-    engine: KVBoostRAG, build_chain: ChainFactory, vectorstore: FAISS, nq_questions: list[str]
+def test_by_default_documents_are_warmed_among_their_neighbours_wherever_they_are_known(
+    engine: KVBoostRAG, vectorstore: FAISS, nq_documents: list[Document], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    contexts: dict[str, list[str]] = {}
+    warm = engine.warm
+
+    def recording(text: str, **kwargs: object) -> object:
+        contexts[text] = kwargs.get("neighbours", [None])[0]  # type: ignore[index]
+        return warm(text, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "warm", recording)
+    warm_documents(engine, nq_documents[:6], vectorstore=vectorstore)
+    for document in nq_documents[:6]:
+        nearest = [d.page_content for d in vectorstore.similarity_search(document.page_content, k=5)]
+        assert contexts[document.page_content] == nearest[1:][::-1], "its four nearest, the nearest last"
+    contexts.clear()
+    warm_documents(engine, nq_documents[:2])
+    assert list(contexts.values()) == [None, None], "no vector store: each alone"
+
+
+def test_retrieval_warming_works_when_ingestion_did_not(
+    engine: KVBoostRAG,
+    build_chain: ChainFactory,
+    vectorstore: FAISS,
+    nq_questions: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    contexts: dict[str, list[str]] = {}
+    warm = engine.warm
+
+    def recording(text: str, **kwargs: object) -> object:
+        contexts[text] = kwargs["neighbours"][0]  # type: ignore[index]
+        return warm(text, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "warm", recording)
     warmer = KVBoostRetrievalWarmer(engine)
     chain = build_chain(ChatKVBoost(engine=engine, max_tokens=8))
     answer = chain.invoke(nq_questions[5], config={"callbacks": [warmer]})
     assert warmer.warmed_documents == 3
     retrieved = vectorstore.as_retriever(search_kwargs={"k": 3}).invoke(nq_questions[5])
+    texts = [d.page_content for d in retrieved]
+    for text in texts:
+        others = [t for t in texts if t != text]
+        assert contexts[text] == others[::-1], "after the others retrieved with it, the best-ranked last"
     assert cache_read(answer) >= 0.8 * document_tokens(engine, retrieved)
 
 

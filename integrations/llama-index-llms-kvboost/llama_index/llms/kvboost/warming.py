@@ -16,8 +16,8 @@ from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.frameworks.warming import warm_quietly
-from kvboost_rag.neighbours import nearest_others
+from kvboost_rag.frameworks.warming import retrieved_together, warm_quietly
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, nearest_others
 
 
 def node_text(node: BaseNode) -> str:
@@ -31,16 +31,19 @@ class KVBoostWarmTransformation(TransformComponent):
         IngestionPipeline(transformations=[SentenceSplitter(), KVBoostWarmTransformation(engine=engine),
                                            embed_model], vector_store=vector_store)
 
-    Place it after the splitter, so it warms the nodes that retrieval will return. With
-    `neighbours=N`, place it after the embed model too: each node is then encoded after its N
-    nearest nodes of the batch by embedding, as it will stand among them in prompts (FusionRAG),
-    so its reused KV is closer to full prefill's, at (N + 1)x the warming work. A node that
-    cannot be warmed becomes a warning: warming never fails ingestion.
+    Place it after the splitter, so it warms the nodes that retrieval will return, and after the
+    embed model: each node is then encoded after its `neighbours` (default 4) nearest nodes of the
+    batch by embedding, as it will stand among them in prompts (FusionRAG), so its reused KV is
+    closer to full prefill's and prompts need less repair, at (N + 1)x the warming work. Before
+    the embed model nodes are warmed alone (a warning where `neighbours` was asked for); 0: alone.
+    A node that cannot be warmed becomes a warning: warming never fails ingestion.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     engine: KVBoostRAG = Field(exclude=True)
-    neighbours: int = Field(default=0, ge=0, description="nearest nodes each node is warmed after")
+    neighbours: int | None = Field(
+        default=None, ge=0, description="nearest nodes each node is warmed after (None: 4 where nodes are embedded)"
+    )
 
     @classmethod
     def class_name(cls) -> str:
@@ -54,16 +57,19 @@ class KVBoostWarmTransformation(TransformComponent):
     def _nearest(self, nodes: Sequence[BaseNode], texts: list[str]) -> Callable[[str], list[str]] | None:
         """Each text's nearest texts in the batch by the nodes' embeddings; None (with a warning)
         where a node has none yet, so the nodes are warmed alone."""
-        if not self.neighbours or len(nodes) < 2:
+        if self.neighbours == 0 or len(nodes) < 2:
             return None
         if any(n.embedding is None for n in nodes):
+            if self.neighbours is None:  # the default: nothing to find them by, so alone
+                return None
             warnings.warn(
                 "KVBoostWarmTransformation(neighbours=...) needs embedded nodes: place it after the "
                 "embed model; warming each node alone",
                 stacklevel=3,
             )
             return None
-        nearest = nearest_others(np.asarray([n.embedding for n in nodes], np.float32), self.neighbours)
+        count = DEFAULT_NEIGHBOURS if self.neighbours is None else self.neighbours
+        nearest = nearest_others(np.asarray([n.embedding for n in nodes], np.float32), count)
         by_text = {text: [texts[j] for j in others] for text, others in zip(texts, nearest)}
         return lambda text: by_text.get(text, [])
 
@@ -74,11 +80,14 @@ class KVBoostRetrievalWarmer(BaseEventHandler):
         from llama_index.core.instrumentation import get_dispatcher
         get_dispatcher().add_event_handler(KVBoostRetrievalWarmer(engine=engine))
 
-    Nodes already warm cost a lookup only. Warming never fails the query: errors become warnings.
+    Each node is warmed after the best-ranked `neighbours` others retrieved with it (default 4;
+    0: alone), as the prompt will place them around it, so less of it needs repair. Nodes already
+    warm cost a lookup only. Warming never fails the query: errors become warnings.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     engine: KVBoostRAG = Field(exclude=True)
+    neighbours: int | None = Field(default=None, ge=0, description="retrieved nodes each is warmed after")
     warmed_documents: int = 0
 
     @classmethod
@@ -87,7 +96,9 @@ class KVBoostRetrievalWarmer(BaseEventHandler):
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
         if isinstance(event, RetrievalEndEvent):
-            report = warm_quietly(self.engine, (node_text(n.node) for n in event.nodes))
+            texts = [node_text(n.node) for n in event.nodes]
+            nearest = retrieved_together(texts, self.neighbours) if self.neighbours != 0 else None
+            report = warm_quietly(self.engine, texts, nearest)
             self.warmed_documents += report.encoded_documents
 
 
