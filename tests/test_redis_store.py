@@ -19,6 +19,8 @@ import redis
 
 from kvboost_lab.redis_server import LocalRedis, local_cluster, local_redis
 from kvboost_rag import EngineConfig, ExactnessConfig, KVBoostRAG
+from kvboost_rag.engine.inputs import can_be_neighbour
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, nearest_texts
 from kvboost_rag.plan.keys import ContentHash, Fingerprint, content_hash, document_hash, window_keys
 from kvboost_rag.store.entry import ChunkEntry, DocumentRecord
 from kvboost_rag.store.location import StoreLocations
@@ -203,7 +205,8 @@ def test_two_processes_and_four_concurrent_warmers_keep_one_copy(
     assert all(w.returncode == 0 for w in warmers), [o[1][-500:] for o in outputs]
     tier = RedisStore(server.url)
     in_process = worker(tiny_engine, "memory", repair="none")
-    in_process.warm(passages[:12])
+    # as `kvboost-rag warm` does by default: each after its nearest of the corpus
+    in_process.warm(passages[:12], neighbours=nearest_texts(passages[:12], DEFAULT_NEIGHBOURS, can_be_neighbour))
     expected = {entry.content_hash for entry in in_process.store}
     assert {ContentHash(KeyLayout.hex_of(k)) for k in chunk_keys(server)} == expected, "one copy of each chunk"
     assert tier.verify().dropped == [] and tier.verify().postings_removed == 0
@@ -214,6 +217,9 @@ def test_two_processes_and_four_concurrent_warmers_keep_one_copy(
     result = reader.generate(prompt, max_new_tokens=3, store_prompt=False, exactness=AS_LOADED)
     local = in_process.generate(prompt, max_new_tokens=3, store_prompt=False, exactness=AS_LOADED)
     assert result.reused_approximate_tokens == local.reused_approximate_tokens > 0, "as if warmed in this process"
+    assert {e.context_tokens for e in in_process.store} != {0}, (
+        "four workers warmed it as one would, neighbours and all"
+    )
     assert result.recomputed_tokens == 0 and result.token_ids == local.token_ids
 
 

@@ -18,7 +18,7 @@ from kvboost_rag.config import RepairConfig
 from .decode import decode, retrieval_ceiling, retrieval_nq, sparse_decode_choice, step_rows
 from .format import Column, columns_table, em_diff_with_interval, get
 from .quality import attention, dtype, eval_summary, multiturn, selection, ttft, verify, where
-from .tiers import budget, redis_tier, store
+from .tiers import budget, redis_tier, store, warming
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
@@ -42,6 +42,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "sparse_decode_choice": sparse_decode_choice,
     "bench_redis": redis_tier,
     "bench_budget": budget,
+    "bench_warm": warming,
     "bench_ttft": ttft,
     "bench_store": store,
     "bench_attention": attention,

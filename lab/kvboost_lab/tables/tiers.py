@@ -1,4 +1,4 @@
-"""Tables of the store benchmarks: chunk formats, memory budgets, the Redis tier."""
+"""Tables of the store benchmarks: chunk formats, memory budgets, the Redis tier, warming."""
 
 from __future__ import annotations
 
@@ -107,3 +107,21 @@ def redis_tier(data: dict[str, Any]) -> str:
     return "\n\n".join(
         [notes, places, answers, "warm throughput:\n\n" + columns_table(columns, data["warm_throughput"])]
     )
+
+
+def warming(data: dict[str, Any]) -> str:
+    """Plain against neighbour-aware warming of one corpus: time and throughput."""
+    columns: list[Column] = [
+        ("warming", get("name"), "{}"),
+        ("seconds", get("seconds"), "{:.1f}"),
+        ("documents/s", get("documents_per_s"), "{:.1f}"),
+        ("document tokens/s", get("document_tokens_per_s"), "{:,.0f}"),
+        ("encoded tokens/s", get("encoded_tokens_per_s"), "{:,.0f}"),
+    ]
+    notes = (
+        f"{data['documents']} NQ passages ({data['document_tokens']:,} tokens), {data['dtype']}; neighbour-aware "
+        f"warming took {data['aware_x_plain_time']:.2f}x plain warming's time, "
+        f"{data['aware_with_finding_x_plain_time']:.2f}x with finding the neighbours "
+        f"({data['finding_neighbours_s']:.1f} s)."
+    )
+    return notes + "\n\n" + columns_table(columns, [{"name": name, **row} for name, row in data["rows"].items()])

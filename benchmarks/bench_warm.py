@@ -1,0 +1,65 @@
+"""What warming costs: plain (each document alone) against neighbour-aware warming (each after its
+N nearest, as `kvboost-rag warm` does by default), on the same NQ passages, in one run.
+
+Each way warms the same documents into a fresh memory store with the same model: wall clock
+of `engine.warm` over the whole corpus, documents and document tokens per second (the corpus a
+user gets warm per second), and tokens encoded per second (the model's work, neighbours
+included). Finding the neighbours (embedding the corpus with the bundled MiniLM, a FAISS search)
+is timed apart, as `kvboost-rag warm` does it once per run.
+
+JSON: benchmarks/results/bench_warm.json (or --out).
+"""
+
+from __future__ import annotations
+
+import time
+
+from kvboost_lab import harness
+from kvboost_rag import KVBoostRAG
+from kvboost_rag.engine.inputs import can_be_neighbour
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, nearest_texts
+
+
+def main() -> None:
+    p = harness.parser(__doc__, questions=40, k=5, seed=0, out="bench_warm.json")
+    p.add_argument("--neighbours", type=int, default=DEFAULT_NEIGHBOURS)
+    args = harness.parse(p)
+    nq = harness.draw_nq(args.questions, args.k, args.seed)
+    corpus = nq.all_documents()
+    engine = harness.load_engine(args)
+    engine.generate("Warm-up.", max_new_tokens=1, mode="full")
+    tokens = sum(len(engine.tokenizer(d, add_special_tokens=False).input_ids) for d in corpus)
+
+    started = time.perf_counter()
+    nearest = nearest_texts(corpus, args.neighbours, can_be_neighbour)
+    finding_s = time.perf_counter() - started
+
+    rows = {}
+    for name, neighbours in (("plain", None), (f"after {args.neighbours} neighbours", nearest)):
+        fresh = KVBoostRAG(engine.model, engine.tokenizer, engine.config, name=engine.name)  # a new memory store
+        report = fresh.warm(corpus, neighbours=neighbours)
+        rows[name] = {
+            "seconds": report.seconds,
+            "documents_per_s": report.documents / report.seconds,
+            "document_tokens_per_s": tokens / report.seconds,
+            "encoded_tokens_per_s": report.tokens_encoded / report.seconds,
+            "tokens_encoded": report.tokens_encoded,
+        }
+        print(f"{name}: {report.seconds:.1f} s, {tokens / report.seconds:,.0f} document tokens/s")
+    plain, aware = rows.values()
+    result = {
+        "documents": len(corpus),
+        "document_tokens": tokens,
+        "neighbours": args.neighbours,
+        "finding_neighbours_s": finding_s,
+        "rows": rows,
+        "aware_x_plain_time": aware["seconds"] / plain["seconds"],
+        "aware_with_finding_x_plain_time": (aware["seconds"] + finding_s) / plain["seconds"],
+        "dtype": str(engine.dtype),
+    }
+    print(f"neighbour-aware / plain: {result['aware_x_plain_time']:.2f}x ({finding_s:.1f} s finding neighbours)")
+    harness.write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
