@@ -1,5 +1,6 @@
 """What warming costs: plain (each document alone) against neighbour-aware warming (each after its
-N nearest, as `kvboost-rag warm` does by default), on the same NQ passages, in one run.
+N nearest, as `kvboost-rag warm` does by default) and warming groups of mutual neighbours
+together (`warm_together`: two passes per group), on the same NQ passages, in one run.
 
 Each way warms the same documents into a fresh memory store with the same model: wall clock
 of `engine.warm` over the whole corpus, documents and document tokens per second (the corpus a
@@ -16,8 +17,7 @@ import time
 
 from kvboost_lab import harness
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.engine.inputs import can_be_neighbour
-from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, nearest_texts
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, bundled_embedder, embed, nearest_others, neighbour_groups
 
 
 def main() -> None:
@@ -31,13 +31,20 @@ def main() -> None:
     tokens = sum(len(engine.tokenizer(d, add_special_tokens=False).input_ids) for d in corpus)
 
     started = time.perf_counter()
-    nearest = nearest_texts(corpus, args.neighbours, can_be_neighbour)
+    nearest = nearest_others(embed(corpus, bundled_embedder()), args.neighbours)
     finding_s = time.perf_counter() - started
+    neighbours = [[corpus[j] for j in others] for others in nearest]
+    groups = [[corpus[j] for j in group] for group in neighbour_groups(nearest)]
 
     rows = {}
-    for name, neighbours in (("plain", None), (f"after {args.neighbours} neighbours", nearest)):
+    ways = {
+        "plain": lambda e: e.warm(corpus),
+        f"after {args.neighbours} neighbours": lambda e: e.warm(corpus, neighbours=neighbours),
+        f"together (groups of up to {args.neighbours + 1})": lambda e: e.warm_together(groups),
+    }
+    for name, warm in ways.items():
         fresh = KVBoostRAG(engine.model, engine.tokenizer, engine.config, name=engine.name)  # a new memory store
-        report = fresh.warm(corpus, neighbours=neighbours)
+        report = warm(fresh)
         rows[name] = {
             "seconds": report.seconds,
             "documents_per_s": report.documents / report.seconds,
@@ -46,7 +53,7 @@ def main() -> None:
             "tokens_encoded": report.tokens_encoded,
         }
         print(f"{name}: {report.seconds:.1f} s, {tokens / report.seconds:,.0f} document tokens/s")
-    plain, aware = rows.values()
+    plain, aware, together = rows.values()
     result = {
         "documents": len(corpus),
         "document_tokens": tokens,
@@ -55,6 +62,9 @@ def main() -> None:
         "rows": rows,
         "aware_x_plain_time": aware["seconds"] / plain["seconds"],
         "aware_with_finding_x_plain_time": (aware["seconds"] + finding_s) / plain["seconds"],
+        "together_x_plain_time": together["seconds"] / plain["seconds"],
+        "groups": len(groups),
+        "groups_of_one": sum(len(g) == 1 for g in groups),
         "dtype": str(engine.dtype),
     }
     print(f"neighbour-aware / plain: {result['aware_x_plain_time']:.2f}x ({finding_s:.1f} s finding neighbours)")

@@ -76,6 +76,21 @@ def bundled_embedder() -> Any:
     return load_embedder()
 
 
+def neighbour_groups(nearest: list[list[int]]) -> list[list[int]]:
+    """Groups of documents that are each other's neighbours, for `warm_together`: in order, each
+    document not yet grouped opens a group with those of its nearest (`nearest_others`) not yet
+    grouped, nearest first; what is left of a document's neighbours may leave it a group of one."""
+    grouped: set[int] = set()
+    groups = []
+    for i, others in enumerate(nearest):
+        if i in grouped:
+            continue
+        group = [i] + [j for j in reversed(others) if j not in grouped]
+        grouped.update(group)
+        groups.append(group)
+    return groups
+
+
 def nearest_texts(
     texts: list[str], count: int, usable: Callable[[str], bool] = lambda t: bool(t.strip())
 ) -> list[list[str]]:

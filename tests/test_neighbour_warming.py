@@ -146,3 +146,35 @@ def test_the_repair_recomputes_less_of_chunks_warmed_after_their_neighbours(
         prompt, max_new_tokens=1, repair=RepairConfig(max_tokens_per_run=None, rho_after_neighbours=None)
     )
     assert same.repair_tokens == alone.repair_tokens, "None: one share for every chunk"
+
+
+def test_a_group_warmed_together_gives_each_member_the_kv_after_half_its_group_or_more(
+    fresh_engine: KVBoostRAG, passages: list[str]
+) -> None:
+    group = passages[26:29]
+    report = fresh_engine.warm_together([group, passages[29:30]])
+    assert (report.documents, report.skipped_documents) == (4, 0)
+    separator = tokens_of(fresh_engine, "\n\n")
+    # each member after the others in the pass where more of them stand before it
+    for member, before in ((group[0], [group[2], group[1]]), (group[1], [group[0]]), (group[2], group[:2])):
+        context = np.concatenate([np.concatenate([tokens_of(fresh_engine, n), separator]) for n in before])
+        tokens = tokens_of(fresh_engine, member)
+        cache = make_cache()
+        ids = torch.from_numpy(np.concatenate([context, tokens]))
+        forward_last_logits(fresh_engine.model, ids, torch.arange(len(ids)), cache)
+        keys, _ = stacked_kv(cache)
+        first_chunk = fresh_engine.boundaries(tokens)[1]
+        entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
+        assert entry is not None and entry.context_tokens == entry.base_position == len(context)
+        assert torch.allclose(entry.keys, keys[:, :, len(context) : len(context) + first_chunk], atol=1e-4)
+    alone = tokens_of(fresh_engine, passages[29])
+    entry = fresh_engine.store.get_content(
+        content_hash(fresh_engine.keys.document, alone[: fresh_engine.boundaries(alone)[1]])
+    )
+    assert entry is not None and entry.context_tokens == 0, "a group of one is warmed alone"
+    plain = sum(len(tokens_of(fresh_engine, d)) for d in passages[26:30])
+    assert report.tokens_encoded <= 2 * plain + 6 * len(separator), "two passes, not (N + 1)"
+    again = fresh_engine.warm_together([group])
+    assert again.skipped_documents == 3 and again.tokens_encoded == 0
+    with pytest.raises(TypeError, match="groups must be"):
+        fresh_engine.warm_together("one text")  # type: ignore[arg-type]

@@ -37,6 +37,12 @@ def eval_command(
             min=0,
         ),
     ] = None,
+    warm_together: Annotated[
+        bool,
+        typer.Option(
+            help="warm groups of mutual neighbours together (two passes a group) instead of each after its own"
+        ),
+    ] = False,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[str, typer.Option(help="comma list of variants (see eval/variants.py)")] = (
@@ -130,6 +136,15 @@ def eval_command(
             raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs)")
         nearest = index.neighbours(warm_neighbours)
         neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
+    groups = None
+    if warm_together and neighbours_for is not None:
+        from ..neighbours import neighbour_groups
+
+        sample = list(dict.fromkeys(d for i in range(len(chosen)) for d in passages_for(i)))
+        texts = list(dict.fromkeys(sample + [n for d in sample for n in neighbours_for(d)]))
+        position = {text: i for i, text in enumerate(texts)}
+        found = neighbour_groups([[position[n] for n in neighbours_for(t) if n in position] for t in texts])
+        groups = [[texts[i] for i in group] for group in found if position[texts[group[0]]] < len(sample)]
     template_text = TEMPLATE
     if template:
         template_text = Path(template).read_text() if Path(template).is_file() else template
@@ -142,6 +157,7 @@ def eval_command(
         retrieval="ctxs" if use_ctxs else "faiss",
         passages_per_document=1 if use_ctxs else doc_passages,
         warm_neighbours=warm_neighbours,
+        warm_together=bool(groups),
         seed=seed,
         model=engine.name,
         dtype=str(engine.dtype),
@@ -165,9 +181,11 @@ def eval_command(
         progress=lambda it: tqdm(it, desc=f"eval k={k}", unit="q"),
         settings=settings,
         neighbours_for=neighbours_for,
+        warm_groups=groups,
     )
     typer.echo(format_table(report))
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
     stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
+    stem += "_together" if groups else ""
     paths = write(report, out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -41,6 +41,14 @@ def can_be_neighbour(text: str) -> bool:
         return False
 
 
+def check_groups(groups: Any) -> list[list[str]]:
+    """`warm_together`'s argument: an iterable of groups, each one `check_documents` takes (a lone
+    text is a group of one), every text checked before any is warmed."""
+    if isinstance(groups, (str, bytes, bytearray, Mapping)) or not isinstance(groups, Iterable):
+        raise TypeError(f"groups must be an iterable of lists of texts, got {_kind(groups)}")
+    return [check_documents(group) for group in groups]
+
+
 def check_prompt(prompt: Any) -> str | Messages:
     """A non-empty str, or a non-empty list/tuple of {'role': str, 'content': str} messages."""
     if isinstance(prompt, str):

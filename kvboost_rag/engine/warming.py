@@ -68,6 +68,73 @@ class Warmer:
         report.seconds = time.perf_counter() - started
         return report
 
+    def warm_together(self, groups: list[list[str]], *, pin: bool = False) -> WarmReport:
+        """Each group of documents that are each other's neighbours, encoded in two passes: in
+        its order, then reversed, a blank line between documents. Each member keeps its KV from
+        the pass where more of the group stands before it, so it is warmed after half its group
+        or more, for ~2x plain warming's work instead of (N + 1)x. Members already warm are
+        skipped (and stand in no pass); a group passing the window loses its last members, which
+        are warmed alone."""
+        started = time.perf_counter()
+        texts = [text for group in groups for text in group]
+        tokenized = iter([self.document_tokens(i, text) for i, text in enumerate(texts)])
+        report = WarmReport(documents=len(texts))
+        errors_before = self.store.tier_errors
+        for group in groups:
+            members = [next(tokenized) for _ in group]
+            keys = [document_hash(self.keys.document, tokens) for tokens in members]
+            cold = [(tokens, key) for tokens, key in zip(members, keys) if not self.store.has_document(key)]
+            report.skipped_documents += len(members) - len(cold)
+            room = self.max_context - len(self.prefix_tokens)
+            while sum(len(tokens) + len(self.separator) for tokens, _ in cold) > room:
+                tokens, key = cold.pop()  # past the window: warmed alone
+                report.chunks_stored += self._encode_alone(key, tokens)
+                report.tokens_encoded += len(tokens)
+            if len(cold) == 1:
+                report.chunks_stored += self._encode_alone(*cold[0][::-1])
+                report.tokens_encoded += len(cold[0][0])
+            elif cold:
+                middle = (len(cold) - 1) / 2
+                forward = [j for j in range(len(cold)) if j >= middle]
+                backward = [len(cold) - 1 - j for j in range(len(cold)) if j < middle]
+                for order, keep in ((list(range(len(cold))), forward), (list(range(len(cold)))[::-1], backward)):
+                    report.chunks_stored += self._encode_in_turn([cold[j] for j in order], keep)
+                    report.tokens_encoded += sum(len(cold[j][0]) + len(self.separator) for j in order)
+            if pin:
+                for key in keys:
+                    self.store.pin_document(key)
+        report.store_errors = self.store.tier_errors - errors_before
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _encode_alone(self, doc_key: bytes, tokens: np.ndarray) -> int:
+        with self.store.serving():
+            return self.encode_document(doc_key, tokens)
+
+    def _encode_in_turn(self, members: list[tuple[np.ndarray, bytes]], keep: list[int]) -> int:
+        """One pass over `members` (tokens, key) in order, a blank line after each; the members at
+        positions `keep` of this order are stored, after the ones before them."""
+        prefix_keys, prefix_values = self.prefix_kv()
+        pieces = [np.concatenate([tokens, self.separator]) for tokens, _ in members]
+        ids = torch.from_numpy(np.concatenate(pieces)).to(self.device)
+        start = prefix_keys.shape[2]
+        cache = make_cache(prefix_keys, prefix_values)
+        with self.model_lock:
+            forward_last_logits(self.model, ids, torch.arange(start, start + len(ids), device=self.device), cache)
+        keys, values = stacked_kv(cache)
+        stored, offset = 0, start
+        for position, (tokens, doc_key) in enumerate(members):
+            if position in keep:
+                cuts = self.boundaries(tokens)
+                kv = keys[:, :, offset : offset + len(tokens)], values[:, :, offset : offset + len(tokens)]
+                contents = self.writer.contents(tokens, cuts)
+                with self.store.serving():
+                    stored += self.writer.write(
+                        doc_key, tokens, cuts, contents, kv, offset, None, context_tokens=offset - start
+                    )
+            offset += len(pieces[position])
+        return stored
+
     def document_tokens(self, index: int, text: Any) -> np.ndarray:
         """The document's tokens, or an error naming it (`documents[index]`) before any model work."""
         name = f"document {index} (documents[{index}])"

@@ -137,10 +137,12 @@ def run_eval(
     progress: Callable[[Iterable[int]], Iterable[int]] = lambda it: it,
     settings: dict[str, Any] | None = None,
     neighbours_for: Callable[[str], list[str]] | None = None,
+    warm_groups: list[list[str]] | None = None,
 ) -> EvalReport:
     """Answer every example with every variant; `passages_for(i)` gives example i's documents,
     warmed after `neighbours_for(document)` where given; `warm_alone` variants read a second store
-    of the same documents warmed alone."""
+    of the same documents warmed alone. `warm_groups` are warmed together first (`warm_together`),
+    so the per-question warming finds their members warm."""
     if not variants or variants[0].mode != "full":
         raise ValueError("the first variant must be full prefill: every other is measured against it")
     report = EvalReport(settings=dict(settings or {}))
@@ -148,6 +150,8 @@ def run_eval(
     alone = engine
     if neighbours_for is not None and any(v.warm_alone for v in [*variants, *(sweep or [])]):
         alone = KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store=MEMORY_ONLY), name=engine.name)
+    if warm_groups:
+        engine.warm_together(warm_groups)
     if examples:
         warm_template_head(engine, passages_for(0)[0], template, chat, neighbours_for)
         if alone is not engine:

@@ -122,6 +122,12 @@ def warming(data: dict[str, Any]) -> str:
         f"{data['documents']} NQ passages ({data['document_tokens']:,} tokens), {data['dtype']}; neighbour-aware "
         f"warming took {data['aware_x_plain_time']:.2f}x plain warming's time, "
         f"{data['aware_with_finding_x_plain_time']:.2f}x with finding the neighbours "
-        f"({data['finding_neighbours_s']:.1f} s)."
+        f"({data['finding_neighbours_s']:.1f} s)"
+        + (
+            f"; warming {data['groups']} groups together ({data['groups_of_one']} of one) took "
+            f"{data['together_x_plain_time']:.2f}x."
+            if "groups" in data
+            else "."
+        )
     )
     return notes + "\n\n" + columns_table(columns, [{"name": name, **row} for name, row in data["rows"].items()])
