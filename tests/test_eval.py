@@ -162,17 +162,20 @@ def test_cli_eval_runs_on_a_small_file(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "eval_k2_n2.md").is_file()
 
 
-def test_cli_eval_warms_as_the_cli_does_and_can_warm_groups_together(tmp_path: Path) -> None:
+def test_cli_eval_warms_as_the_cli_does_and_can_warm_together_or_mix_in_random_passages(tmp_path: Path) -> None:
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
     common = ["eval", "--data", str(path), "--limit", "2", "--k", "2", "--rho-sweep", "", "--max-new-tokens", "2"]
-    for extra, stem in (([], "eval_k2_n2"), (["--warm-together"], "eval_k2_n2_together")):
+    runs = [([], "eval_k2_n2"), (["--warm-together"], "eval_k2_n2_together")]
+    runs.append((["--random-others"], "eval_k2_n2_random"))
+    for extra, stem in runs:
         out = tmp_path / stem
         result = CliRunner().invoke(app, [*common, "--variants", "full,default,plain", "--out", str(out), *extra])
         assert result.exit_code == 0, result.output
         report = json.loads((out / f"{stem}.json").read_text())
         assert report["settings"]["warm_neighbours"] == 4, "as kvboost-rag warm warms"
-        assert report["settings"]["warm_together"] == bool(extra)
+        assert report["settings"]["warm_together"] == (extra == ["--warm-together"])
+        assert report["settings"]["random_others"] == (extra == ["--random-others"])
         assert set(report["summary"]) == {"full", "default", "plain"} and "retention" in report["summary"]["plain"]
 
 

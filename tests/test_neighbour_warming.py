@@ -19,6 +19,14 @@ def in_memory(engine: KVBoostRAG) -> KVBoostRAG:
     return KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
 
 
+def kv_after(engine: KVBoostRAG, context: np.ndarray, tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full prefill's K/V [L, H, n, D] of `context` then `tokens`, from position 0."""
+    cache = make_cache()
+    ids = torch.from_numpy(np.concatenate([context, tokens]))
+    forward_last_logits(engine.model, ids, torch.arange(len(ids)), cache)
+    return stacked_kv(cache)
+
+
 def tokens_of(engine: KVBoostRAG, text: str) -> np.ndarray:
     return np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, np.int64)
 
@@ -33,10 +41,7 @@ def test_a_document_keeps_its_kv_as_computed_after_its_neighbours(
     tokens = tokens_of(fresh_engine, document)
     assert report.tokens_encoded == len(context) + len(tokens)
 
-    cache = make_cache()
-    ids = torch.from_numpy(np.concatenate([context, tokens]))
-    forward_last_logits(fresh_engine.model, ids, torch.arange(len(ids)), cache)
-    keys, values = stacked_kv(cache)
+    keys, values = kv_after(fresh_engine, context, tokens)
     first_chunk = fresh_engine.boundaries(tokens)[1]
     entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
     assert entry is not None and entry.base_position == len(context)
@@ -159,10 +164,7 @@ def test_a_group_warmed_together_gives_each_member_the_kv_after_half_its_group_o
     for member, before in ((group[0], [group[2], group[1]]), (group[1], [group[0]]), (group[2], group[:2])):
         context = np.concatenate([np.concatenate([tokens_of(fresh_engine, n), separator]) for n in before])
         tokens = tokens_of(fresh_engine, member)
-        cache = make_cache()
-        ids = torch.from_numpy(np.concatenate([context, tokens]))
-        forward_last_logits(fresh_engine.model, ids, torch.arange(len(ids)), cache)
-        keys, _ = stacked_kv(cache)
+        keys, _ = kv_after(fresh_engine, context, tokens)
         first_chunk = fresh_engine.boundaries(tokens)[1]
         entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
         assert entry is not None and entry.context_tokens == entry.base_position == len(context)

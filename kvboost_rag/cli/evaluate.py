@@ -43,6 +43,12 @@ def eval_command(
             help="warm groups of mutual neighbours together (two passes a group) instead of each after its own"
         ),
     ] = False,
+    random_others: Annotated[
+        bool,
+        typer.Option(
+            help="keep each question's best passage and fill the prompt with random corpus ones (not neighbours)"
+        ),
+    ] = False,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[str, typer.Option(help="comma list of variants (see eval/variants.py)")] = (
@@ -127,6 +133,12 @@ def eval_command(
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
         index = corpus_index(examples, doc_passages)
         retrieved = retrieve_documents(index, chosen, k)
+        if random_others:  # documents that are not each other's neighbours: robustness of the warming
+            every = [p.as_document() for p in index.passages]
+            retrieved = [
+                [r[0], *random.Random(f"{seed}:others:{i}").sample([d for d in every if d != r[0]], k - 1)]
+                for i, r in enumerate(retrieved)
+            ]
         passages_for = lambda i: list(retrieved[i])  # noqa: E731
     if warm_neighbours is None:
         warm_neighbours = 0 if use_ctxs else DEFAULT_NEIGHBOURS
@@ -155,6 +167,7 @@ def eval_command(
         questions=len(chosen),
         k=k,
         retrieval="ctxs" if use_ctxs else "faiss",
+        random_others=random_others,
         passages_per_document=1 if use_ctxs else doc_passages,
         warm_neighbours=warm_neighbours,
         warm_together=bool(groups),
@@ -187,5 +200,6 @@ def eval_command(
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
     stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
     stem += "_together" if groups else ""
+    stem += "_random" if random_others and not use_ctxs else ""
     paths = write(report, out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

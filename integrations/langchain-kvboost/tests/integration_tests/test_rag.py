@@ -22,6 +22,19 @@ def document_tokens(engine: KVBoostRAG, documents: list[Document]) -> int:
     return sum(len(engine.tokenizer(d.page_content, add_special_tokens=False).input_ids) for d in documents)
 
 
+def record_neighbours(engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str] | None]:
+    """What each `engine.warm(text)` call is given as the text's neighbours (None: alone)."""
+    contexts: dict[str, list[str] | None] = {}
+    warm = engine.warm
+
+    def recording(text: str, **kwargs: object) -> object:
+        contexts[text] = kwargs["neighbours"][0] if kwargs.get("neighbours") else None  # type: ignore[index]
+        return warm(text, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "warm", recording)
+    return contexts
+
+
 def cache_read(message: AIMessage) -> int:
     assert message.usage_metadata is not None
     return message.usage_metadata["input_token_details"]["cache_read"]
@@ -59,14 +72,7 @@ def test_ingestion_warms_each_document_after_its_nearest_in_the_vector_store(
     nq_questions: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    contexts: dict[str, list[str]] = {}
-    warm = engine.warm
-
-    def recording(text: str, **kwargs: object) -> object:
-        contexts[text] = kwargs["neighbours"][0]  # type: ignore[index]
-        return warm(text, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine, "warm", recording)
+    contexts = record_neighbours(engine, monkeypatch)
     report = warm_documents(engine, nq_documents, vectorstore=vectorstore, neighbours=2)
     assert report.encoded_documents == len(nq_documents)
     for document in nq_documents:
@@ -84,14 +90,7 @@ def test_ingestion_warms_each_document_after_its_nearest_in_the_vector_store(
 def test_by_default_documents_are_warmed_among_their_neighbours_wherever_they_are_known(
     engine: KVBoostRAG, vectorstore: FAISS, nq_documents: list[Document], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    contexts: dict[str, list[str]] = {}
-    warm = engine.warm
-
-    def recording(text: str, **kwargs: object) -> object:
-        contexts[text] = kwargs.get("neighbours", [None])[0]  # type: ignore[index]
-        return warm(text, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine, "warm", recording)
+    contexts = record_neighbours(engine, monkeypatch)
     warm_documents(engine, nq_documents[:6], vectorstore=vectorstore)
     for document in nq_documents[:6]:
         nearest = [d.page_content for d in vectorstore.similarity_search(document.page_content, k=5)]
@@ -108,14 +107,7 @@ def test_retrieval_warming_works_when_ingestion_did_not(
     nq_questions: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    contexts: dict[str, list[str]] = {}
-    warm = engine.warm
-
-    def recording(text: str, **kwargs: object) -> object:
-        contexts[text] = kwargs["neighbours"][0]  # type: ignore[index]
-        return warm(text, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine, "warm", recording)
+    contexts = record_neighbours(engine, monkeypatch)
     warmer = KVBoostRetrievalWarmer(engine)
     chain = build_chain(ChatKVBoost(engine=engine, max_tokens=8))
     answer = chain.invoke(nq_questions[5], config={"callbacks": [warmer]})
