@@ -80,12 +80,12 @@ class Warmer:
         tokenized = iter([self.document_tokens(i, text) for i, text in enumerate(texts)])
         report = WarmReport(documents=len(texts))
         errors_before = self.store.tier_errors
+        room = self.max_context - len(self.prefix_tokens)
         for group in groups:
             members = [next(tokenized) for _ in group]
             keys = [document_hash(self.keys.document, tokens) for tokens in members]
             cold = [(tokens, key) for tokens, key in zip(members, keys) if not self.store.has_document(key)]
             report.skipped_documents += len(members) - len(cold)
-            room = self.max_context - len(self.prefix_tokens)
             while sum(len(tokens) + len(self.separator) for tokens, _ in cold) > room:
                 tokens, key = cold.pop()  # past the window: warmed alone
                 report.chunks_stored += self._encode_alone(key, tokens)
@@ -114,14 +114,8 @@ class Warmer:
     def _encode_in_turn(self, members: list[tuple[np.ndarray, bytes]], keep: list[int]) -> int:
         """One pass over `members` (tokens, key) in order, a blank line after each; the members at
         positions `keep` of this order are stored, after the ones before them."""
-        prefix_keys, prefix_values = self.prefix_kv()
         pieces = [np.concatenate([tokens, self.separator]) for tokens, _ in members]
-        ids = torch.from_numpy(np.concatenate(pieces)).to(self.device)
-        start = prefix_keys.shape[2]
-        cache = make_cache(prefix_keys, prefix_values)
-        with self.model_lock:
-            forward_last_logits(self.model, ids, torch.arange(start, start + len(ids), device=self.device), cache)
-        keys, values = stacked_kv(cache)
+        keys, values, start = self.forward_after_prefix(np.concatenate(pieces))
         stored, offset = 0, start
         for position, (tokens, doc_key) in enumerate(members):
             if position in keep:
@@ -181,15 +175,9 @@ class Warmer:
     def encode_document(self, doc_key: bytes, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
         """One pass over the document after the warm prefix and its `context` (neighbours); only
         the document's KV is kept."""
-        prefix_keys, prefix_values = self.prefix_kv()
         context = np.zeros(0, np.int64) if context is None else context
-        start = prefix_keys.shape[2] + len(context)
-        cache = make_cache(prefix_keys, prefix_values)
-        ids = torch.from_numpy(np.concatenate([context, tokens])).to(self.device)
-        with self.model_lock:
-            positions = torch.arange(prefix_keys.shape[2], start + len(tokens), device=self.device)
-            forward_last_logits(self.model, ids, positions, cache)
-        keys, values = stacked_kv(cache)
+        keys, values, prefix_length = self.forward_after_prefix(np.concatenate([context, tokens]))
+        start = prefix_length + len(context)
         cuts = self.boundaries(tokens)
         # NOTE: after a warm prefix or neighbours the chunks' context is not the document alone, so
         # they are APPROXIMATE candidates only; without, a prompt starting with the document hits EXACT.
@@ -197,6 +185,18 @@ class Warmer:
         kv = keys[:, :, start:], values[:, :, start:]
         contents = self.writer.contents(tokens, cuts)
         return self.writer.write(doc_key, tokens, cuts, contents, kv, start, prefixes, context_tokens=len(context))
+
+    def forward_after_prefix(self, tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One pass over `tokens` after the warm prefix: every layer's K/V [L, H, n, D] of the
+        prefix and the tokens, and where the tokens start (the prefix's length)."""
+        prefix_keys, prefix_values = self.prefix_kv()
+        start = prefix_keys.shape[2]
+        cache = make_cache(prefix_keys, prefix_values)
+        ids = torch.from_numpy(tokens).to(self.device)
+        with self.model_lock:
+            forward_last_logits(self.model, ids, torch.arange(start, start + len(ids), device=self.device), cache)
+        keys, values = stacked_kv(cache)
+        return keys, values, start
 
     def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of the warm prefix, computed once."""
