@@ -156,7 +156,7 @@ def eval_command(
         texts = list(dict.fromkeys(sample + [n for d in sample for n in neighbours_for(d)]))
         position = {text: i for i, text in enumerate(texts)}
         found = neighbour_groups([[position[n] for n in neighbours_for(t) if n in position] for t in texts])
-        groups = [[texts[i] for i in group] for group in found if position[texts[group[0]]] < len(sample)]
+        groups = [[texts[i] for i in group] for group in found if group[0] < len(sample)]  # opened by a sample document
     template_text = TEMPLATE
     if template:
         template_text = Path(template).read_text() if Path(template).is_file() else template
