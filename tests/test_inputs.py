@@ -239,20 +239,21 @@ def test_warm_cli_warms_each_document_after_its_nearest_by_default(
     folder.mkdir()
     (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents))
 
-    def first_chunks(store: Path, count: int) -> list[tuple[int, int]]:
-        """(context tokens it should have been warmed after, the one its first chunk records)."""
+    def first_chunks(store: Path, count: int, among: int = len(documents)) -> list[tuple[int, int]]:
+        """(context tokens it should have been warmed after, the one its first chunk records), for
+        the documents after the first `among` warmed in a later run (all: one run)."""
         engine = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", config=EngineConfig(store=str(store)))
 
         def tokens(text: str) -> np.ndarray:
             return np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, np.int64)
 
         found = []
-        for document, others in zip(documents, nearest_others(embed(documents), count)):
+        for document, others in list(zip(documents, nearest_others(embed(documents), count)))[-among:]:
             context = sum(len(tokens(documents[j])) + len(tokens("\n\n")) for j in others)
             ids = tokens(document)
             entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
-            assert entry is not None and entry.base_position == context == entry.context_tokens
-            found.append((context, entry.context_tokens))
+            assert entry is not None and entry.base_position == context == entry.warmed_after.context_tokens
+            found.append((context, entry.warmed_after.context_tokens))
         engine.store.close()
         return found
 
@@ -264,5 +265,12 @@ def test_warm_cli_warms_each_document_after_its_nearest_by_default(
     alone = tmp_path / "alone"
     assert _warm(folder, alone, tiny_model_dir, "--neighbours", "0").exit_code == 0
     assert first_chunks(alone, 0) == [(0, 0)] * len(documents), "--neighbours 0: each alone"
+    grown = tmp_path / "grown"  # a corpus warmed as it grows: the new documents, among everything
+    (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents[:4]))
+    assert _warm(folder, grown, tiny_model_dir).exit_code == 0
+    (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents))
+    again = _warm(folder, grown, tiny_model_dir)
+    assert again.exit_code == 0 and "2 warmed" in again.stdout and "4 already warm" in again.stdout
+    assert first_chunks(grown, DEFAULT_NEIGHBOURS, among=2) == first_chunks(store, DEFAULT_NEIGHBOURS)[4:]
     refused = _warm(folder, store, tiny_model_dir, "--neighbours", "-1")
     assert refused.exit_code == 2 and "Traceback" not in refused.output

@@ -12,6 +12,7 @@ from kvboost_rag.config import RepairConfig
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.hf.cache import forward_last_logits, make_cache, stacked_kv
 from kvboost_rag.plan.keys import content_hash
+from kvboost_rag.store.entry import ALONE, WarmedAfter
 
 
 def in_memory(engine: KVBoostRAG) -> KVBoostRAG:
@@ -123,14 +124,16 @@ def test_the_farthest_neighbours_are_left_out_to_fit_the_window(tiny_model_dir, 
 
 def test_each_chunk_records_how_its_document_was_warmed(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
     documents = passages[24:26]
-    fresh_engine.warm(documents[:1], neighbours=[documents[1:]])
+    fresh_engine.warm(documents[:1], neighbours=[documents[1:]], neighbours_from="test, 1 nearest")
     fresh_engine.warm(documents[1:])
     context = len(tokens_of(fresh_engine, documents[1])) + len(tokens_of(fresh_engine, "\n\n"))
-    for document, expected in ((documents[0], context), (documents[1], 0)):
+    firsts = []
+    for document in documents:
         tokens = tokens_of(fresh_engine, document)
-        first_chunk = fresh_engine.boundaries(tokens)[1]
-        entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
-        assert entry is not None and entry.context_tokens == expected
+        firsts.append(content_hash(fresh_engine.keys.document, tokens[: fresh_engine.boundaries(tokens)[1]]))
+    after, alone = (fresh_engine.store.get_content(first) for first in firsts)
+    assert after is not None and after.warmed_after == WarmedAfter(context, (firsts[1],), "test, 1 nearest")
+    assert alone is not None and alone.warmed_after == ALONE
 
 
 def test_the_repair_recomputes_less_of_chunks_warmed_after_their_neighbours(
@@ -151,6 +154,11 @@ def test_the_repair_recomputes_less_of_chunks_warmed_after_their_neighbours(
         prompt, max_new_tokens=1, repair=RepairConfig(max_tokens_per_run=None, rho_after_neighbours=None)
     )
     assert same.repair_tokens == alone.repair_tokens, "None: one share for every chunk"
+    elsewhere = in_memory(fresh_engine)  # each warmed after documents this prompt does not hold
+    elsewhere.warm(documents, neighbours=[passages[40:42]] * len(documents))
+    strangers = elsewhere.generate(prompt, max_new_tokens=1, repair=uncapped, store_prompt=False)
+    assert strangers.reused_approximate_tokens == moved
+    assert strangers.repair_tokens == alone.repair_tokens, "neighbours absent from the prompt: repaired as alone"
 
 
 def test_a_group_warmed_together_gives_each_member_the_kv_after_half_its_group_or_more(
@@ -167,13 +175,13 @@ def test_a_group_warmed_together_gives_each_member_the_kv_after_half_its_group_o
         keys, _ = kv_after(fresh_engine, context, tokens)
         first_chunk = fresh_engine.boundaries(tokens)[1]
         entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
-        assert entry is not None and entry.context_tokens == entry.base_position == len(context)
+        assert entry is not None and entry.warmed_after.context_tokens == entry.base_position == len(context)
         assert torch.allclose(entry.keys, keys[:, :, len(context) : len(context) + first_chunk], atol=1e-4)
     alone = tokens_of(fresh_engine, passages[29])
     entry = fresh_engine.store.get_content(
         content_hash(fresh_engine.keys.document, alone[: fresh_engine.boundaries(alone)[1]])
     )
-    assert entry is not None and entry.context_tokens == 0, "a group of one is warmed alone"
+    assert entry is not None and entry.warmed_after == ALONE, "a group of one is warmed alone"
     plain = sum(len(tokens_of(fresh_engine, d)) for d in passages[26:30])
     assert report.tokens_encoded <= 2 * plain + 6 * len(separator), "two passes, not (N + 1)"
     again = fresh_engine.warm_together([group])

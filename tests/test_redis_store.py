@@ -22,7 +22,7 @@ from kvboost_rag import EngineConfig, ExactnessConfig, KVBoostRAG
 from kvboost_rag.engine.inputs import can_be_neighbour
 from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, nearest_texts
 from kvboost_rag.plan.keys import ContentHash, Fingerprint, content_hash, document_hash, window_keys
-from kvboost_rag.store.entry import ChunkEntry, DocumentRecord
+from kvboost_rag.store.entry import ALONE, ChunkEntry, DocumentRecord, WarmedAfter
 from kvboost_rag.store.location import StoreLocations
 from kvboost_rag.store.redis import RedisLocation, RedisStore
 from kvboost_rag.store.redis.guard import RedisUnavailable
@@ -125,7 +125,8 @@ def test_chunks_round_trip_with_their_index_in_every_format(server: LocalRedis) 
 
     tier = RedisStore(server.url, match_window=4)
     for i, kind in enumerate([None, "int8", "int4", "bf16"]):
-        entry = entry_of(list(range(10 * i, 10 * i + 12)), context_tokens=7 * i)
+        warmed = WarmedAfter(7 * i, (ContentHash(bytes([i]) * 32),), f"nearest {i}") if i else ALONE
+        entry = entry_of(list(range(10 * i, 10 * i + 12)), warmed_after=warmed)
         if kind == "bf16":
             entry = entry_of(list(range(10 * i, 10 * i + 12)))
             entry.keys, entry.values = entry.keys.to(torch.bfloat16), entry.values.to(torch.bfloat16)
@@ -134,7 +135,7 @@ def test_chunks_round_trip_with_their_index_in_every_format(server: LocalRedis) 
         assert tier.put(entry) and not tier.put(entry), "a second put finds it there"
         loaded = tier.get(entry.content_hash)
         assert loaded is not None and np.array_equal(loaded.tokens, entry.tokens)
-        assert loaded.context_tokens == entry.context_tokens, "how it was warmed travels with it"
+        assert loaded.warmed_after == entry.warmed_after, "how it was warmed travels with it"
         assert torch.equal(loaded.dense_kv()[0], entry.dense_kv()[0])
         windows = window_keys(entry.fingerprint, entry.tokens, 4)
         assert tier.window_hits([windows[4]]) == [entry.content_hash], "found by a window at any offset"
@@ -217,7 +218,7 @@ def test_two_processes_and_four_concurrent_warmers_keep_one_copy(
     result = reader.generate(prompt, max_new_tokens=3, store_prompt=False, exactness=AS_LOADED)
     local = in_process.generate(prompt, max_new_tokens=3, store_prompt=False, exactness=AS_LOADED)
     assert result.reused_approximate_tokens == local.reused_approximate_tokens > 0, "as if warmed in this process"
-    assert {e.context_tokens for e in in_process.store} != {0}, (
+    assert {e.warmed_after.context_tokens for e in in_process.store} != {0}, (
         "four workers warmed it as one would, neighbours and all"
     )
     assert result.recomputed_tokens == 0 and result.token_ids == local.token_ids

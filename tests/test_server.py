@@ -121,24 +121,34 @@ def test_warmed_documents_are_reused_and_counted_as_cached(
     assert stats.status_code == 200 and stats.json()["memory"]["pinned"] > 0
 
 
-def test_warm_places_each_document_after_its_nearest_of_the_request(
+def test_warm_places_each_document_after_its_nearest_of_the_request_and_of_those_warmed_before(
     server: tuple[str, KVBoostRAG], passages: list[str]
 ) -> None:
+    from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS
     from kvboost_rag.plan.keys import content_hash
+    from kvboost_rag.store.entry import ALONE, WarmedAfter
 
     url, engine = server
 
-    def first_chunk_context(document: str) -> int:
+    def first_chunk(document: str) -> bytes:
         ids = np.asarray(engine.tokenizer(document, add_special_tokens=False).input_ids, np.int64)
-        entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
-        assert entry is not None
-        return entry.context_tokens
+        return content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]])
 
-    together, alone = passages[8:13], passages[13:15]
+    def warmed_after(document: str) -> WarmedAfter:
+        entry = engine.store.get_content(first_chunk(document))
+        assert entry is not None
+        return entry.warmed_after
+
+    together, alone, later = passages[8:13], passages[13:15], passages[15]
     assert raw(url, "/kvboost/warm", {"documents": together}).status_code == 200
-    assert all(first_chunk_context(d) > 0 for d in together), "by default after its nearest"
+    assert all(warmed_after(d).context_tokens > 0 for d in together), "by default after its nearest"
     assert raw(url, "/kvboost/warm", {"documents": alone, "neighbours": 0}).status_code == 200
-    assert [first_chunk_context(d) for d in alone] == [0, 0]
+    assert [warmed_after(d) for d in alone] == [ALONE, ALONE]
+    assert raw(url, "/kvboost/warm", {"documents": [later]}).status_code == 200
+    record = warmed_after(later)
+    assert len(record.neighbours) == DEFAULT_NEIGHBOURS, "a lone document: its nearest among those warmed before"
+    assert all(engine.store.get_content(first) is not None for first in record.neighbours)
+    assert record.found_by == f"all-MiniLM-L6-v2, {DEFAULT_NEIGHBOURS} nearest"
 
 
 def test_streamed_chat_equals_the_whole_answer(client: openai.OpenAI) -> None:

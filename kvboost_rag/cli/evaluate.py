@@ -43,6 +43,14 @@ def eval_command(
             help="warm groups of mutual neighbours together (two passes a group) instead of each after its own"
         ),
     ] = False,
+    warm_in_parts: Annotated[
+        int,
+        typer.Option(
+            help="warm the corpus as N runs of `kvboost-rag warm` over a growing folder: a document's "
+            "neighbours come from its run and earlier ones",
+            min=1,
+        ),
+    ] = 1,
     random_others: Annotated[
         bool,
         typer.Option(
@@ -146,7 +154,7 @@ def eval_command(
     if warm_neighbours:
         if use_ctxs:
             raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs)")
-        nearest = index.neighbours(warm_neighbours)
+        nearest = index.neighbours(warm_neighbours, parts=warm_in_parts, seed=seed)
         neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
     groups = None
     if warm_together and neighbours_for is not None:
@@ -171,6 +179,7 @@ def eval_command(
         passages_per_document=1 if use_ctxs else doc_passages,
         warm_neighbours=warm_neighbours,
         warm_together=bool(groups),
+        warm_in_parts=warm_in_parts,
         seed=seed,
         model=engine.name,
         dtype=str(engine.dtype),
@@ -200,6 +209,7 @@ def eval_command(
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
     stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
     stem += "_together" if groups else ""
+    stem += f"_parts{warm_in_parts}" if warm_in_parts > 1 else ""
     stem += "_random" if random_others and not use_ctxs else ""
     paths = write(report, out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

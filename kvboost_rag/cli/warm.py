@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..engine.inputs import can_be_neighbour
-from ..neighbours import DEFAULT_NEIGHBOURS, embedder_installed, nearest_texts
+from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, embedder_installed, found_by, nearest_texts
 from .app import app, store_location
 from .options import table_options
 
@@ -115,6 +115,7 @@ def warm(
                 "'kvboost-rag[eval]'); --neighbours 0 says so",
                 err=True,
             )
+    how = found_by(BUNDLED_EMBEDDER, neighbours)
     engine = build_engine(options)
     skipped = chunks = store_errors = 0
     # Progress in characters: proportional to the work, without tokenizing every document twice.
@@ -122,7 +123,7 @@ def warm(
     with tqdm(total=total, unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
         for i, (path, where, text) in enumerate(documents):
             try:
-                report = engine.warm(text, neighbours=[nearest[i]] if neighbours else None)
+                report = engine.warm(text, neighbours=[nearest[i]] if neighbours else None, neighbours_from=how)
             except (StoreSettingsError, StoreVersionError):
                 raise  # the store's, not the document's: no use going on
             except (ValueError, TypeError) as error:  # refused before any model work: nothing stored

@@ -12,7 +12,7 @@ from ..config import Quantization
 from ..ops.quantization import QuantizedTensor, quantize_keys, quantize_values
 from ..plan.keys import ContentHash, KeySpace, PrefixHash, content_hash
 from ..store.chunk_store import ChunkStore
-from ..store.entry import ChunkEntry, DocumentRecord, value_norm
+from ..store.entry import ALONE, ChunkEntry, DocumentRecord, WarmedAfter, value_norm
 
 Boundaries = Callable[[np.ndarray], list[int]]  # where the engine cuts tokens into chunks
 
@@ -39,13 +39,13 @@ class DocumentWriter:
         prefixes: list[PrefixHash] | None,
         *,
         persist: bool = True,
-        context_tokens: int = 0,
+        warmed_after: WarmedAfter = ALONE,
     ) -> int:
         """A document's chunks (cut at `cuts`, with their `contents` hashes) from its KV
         [L, H, len(tokens), D], computed at `base_position`..; `prefixes`: each chunk's EXACT key
         where its KV is full prefill's (None: moved only); `persist`: into the persistent tiers
-        too (a warmed corpus), or memory only (a chat); `context_tokens`: tokens of neighbours the
-        document was encoded after, recorded on each chunk for the repair. Returns the chunks stored."""
+        too (a warmed corpus), or memory only (a chat); `warmed_after`: what the document was
+        encoded after, recorded on each chunk for the repair. Returns the chunks stored."""
         keys, values = kv
         fingerprint = self.keys.document
         spans = list(zip(cuts[:-1], cuts[1:]))
@@ -62,7 +62,7 @@ class DocumentWriter:
                 prefix_hash=prefixes[i] if prefixes else None,
                 next_chunk=contents[i + 1] if i + 1 < len(contents) else None,
                 importance=value_norm(values[:, :, kv_slice]),
-                context_tokens=context_tokens,
+                warmed_after=warmed_after,
             )
             stored += self.store.put(entry, persist=persist)
         self.store.add_document(DocumentRecord(doc_key, fingerprint, tuple(contents), len(tokens)), persist=persist)

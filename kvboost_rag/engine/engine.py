@@ -73,8 +73,7 @@ class KVBoostRAG:
         """
         config = config or EngineConfig()
         StoreLocations.parse(config.store)  # a bad one refused before the weights are read
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.name = name
         self.reuse_supported = reuse_supported
         self.unsupported_reason = unsupported_reason
@@ -150,32 +149,33 @@ class KVBoostRAG:
         *,
         pin: bool = False,
         neighbours: Sequence[Sequence[str]] | None = None,
+        neighbours_from: str = "",
     ) -> WarmReport:
         """Encode each document in one pass and store it chunk by chunk; one already warm (however
         warmed) costs a lookup. `pin` keeps its chunks in memory whatever the budget. `neighbours[i]`:
         texts encoded before document i, such as its nearest in the user's index, so its KV has seen
-        what it is usually retrieved with (FusionRAG); only the document's own KV is kept."""
+        what it is usually retrieved with (FusionRAG); only the document's own KV is kept, with a
+        record of them and of `neighbours_from` (how they were found, e.g. "all-MiniLM-L6-v2")."""
         texts = check_documents(documents)  # all of them, before the store or the model is touched
-        if not self._settings_recorded:
-            self._settings_recorded = record_settings(self.store, self.fingerprint, self.config)
-        return self._warmer.warm(texts, pin=pin, neighbours=neighbours)
+        self._record_settings()
+        return self._warmer.warm(texts, pin=pin, neighbours=neighbours, neighbours_from=neighbours_from)
 
-    def warm_together(self, groups: Iterable[Iterable[str]], *, pin: bool = False) -> WarmReport:
+    def warm_together(
+        self, groups: Iterable[Iterable[str]], *, pin: bool = False, neighbours_from: str = ""
+    ) -> WarmReport:
         """Warm groups of documents that are each other's neighbours (clusters of your index), each
         member after half its group or more, for ~2x plain warming's work (`Warmer.warm_together`)."""
         checked = check_groups(groups)
-        if not self._settings_recorded:
-            self._settings_recorded = record_settings(self.store, self.fingerprint, self.config)
-        return self._warmer.warm_together(checked, pin=pin)
+        self._record_settings()
+        return self._warmer.warm_together(checked, pin=pin, neighbours_from=neighbours_from)
+
+    def _record_settings(self) -> None:
+        self._settings_recorded = self._settings_recorded or record_settings(self.store, self.fingerprint, self.config)
 
     # generation --------------------------------------------------------------------------
     def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
         """Answer a prompt (text or chat messages); see `stream` for the options."""
-        stream = self.stream(prompt, **kwargs)
-        for _ in stream:
-            pass
-        assert stream.result is not None
-        return stream.result
+        return self.stream(prompt, **kwargs).finish()
 
     def stream(
         self,

@@ -21,6 +21,13 @@ class GenerationStream(Iterator[str]):
             self.result = done.value
             raise
 
+    def finish(self) -> GenerationResult:
+        """Generate to the end and return the result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
     def close(self) -> None:
         """Stop generating after the current token (a client went away)."""
         close = getattr(self._steps, "close", None)

@@ -13,7 +13,8 @@ import torch
 
 from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.model import model_shape
-from ..plan.keys import chained_prefix_hashes, document_hash
+from ..plan.keys import ContentHash, chained_prefix_hashes, document_hash
+from ..store.entry import ALONE, WarmedAfter
 from .documents import Boundaries, DocumentWriter
 from .inputs import check_document, check_text
 from .result import WarmReport
@@ -45,22 +46,25 @@ class Warmer:
         self._prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._prefix_lock = threading.Lock()
 
-    def warm(self, texts: list[str], *, pin: bool = False, neighbours: Neighbours | None = None) -> WarmReport:
+    def warm(
+        self, texts: list[str], *, pin: bool = False, neighbours: Neighbours | None = None, neighbours_from: str = ""
+    ) -> WarmReport:
         """A document already warm is skipped without any model work. `pin` keeps its chunks in
         memory whatever the budget asks. `neighbours[i]`: texts encoded before document i, as
-        they would stand before it in a prompt (FusionRAG); only the document's KV is kept."""
+        they would stand before it in a prompt (FusionRAG); only the document's KV is kept, with
+        a record of them and of `neighbours_from` (how they were found)."""
         started = time.perf_counter()
         tokenized = [self.document_tokens(i, text) for i, text in enumerate(texts)]
-        contexts = self.context_tokens(neighbours, tokenized)
+        contexts = self.contexts(neighbours, tokenized, neighbours_from)
         report = WarmReport(documents=len(texts))
         errors_before = self.store.tier_errors
-        for tokens, context in zip(tokenized, contexts):
+        for tokens, (context, warmed_after) in zip(tokenized, contexts):
             doc_key = document_hash(self.keys.document, tokens)
             with self.store.serving():  # one document's chunks never evict each other
                 if self.store.has_document(doc_key):
                     report.skipped_documents += 1
                 else:
-                    report.chunks_stored += self.encode_document(doc_key, tokens, context)
+                    report.chunks_stored += self.encode_document(doc_key, tokens, context, warmed_after)
                     report.tokens_encoded += len(context) + len(tokens)
             if pin:
                 self.store.pin_document(doc_key)
@@ -68,7 +72,7 @@ class Warmer:
         report.seconds = time.perf_counter() - started
         return report
 
-    def warm_together(self, groups: list[list[str]], *, pin: bool = False) -> WarmReport:
+    def warm_together(self, groups: list[list[str]], *, pin: bool = False, neighbours_from: str = "") -> WarmReport:
         """Each group of documents that are each other's neighbours, encoded in two passes: in
         its order, then reversed, a blank line between documents. Each member keeps its KV from
         the pass where more of the group stands before it, so it is warmed after half its group
@@ -98,7 +102,7 @@ class Warmer:
                 forward = [j for j in range(len(cold)) if j >= middle]
                 backward = [len(cold) - 1 - j for j in range(len(cold)) if j < middle]
                 for order, keep in ((list(range(len(cold))), forward), (list(range(len(cold)))[::-1], backward)):
-                    report.chunks_stored += self._encode_in_turn([cold[j] for j in order], keep)
+                    report.chunks_stored += self._encode_in_turn([cold[j] for j in order], keep, neighbours_from)
                     report.tokens_encoded += sum(len(cold[j][0]) + len(self.separator) for j in order)
             if pin:
                 for key in keys:
@@ -111,21 +115,21 @@ class Warmer:
         with self.store.serving():
             return self.encode_document(doc_key, tokens)
 
-    def _encode_in_turn(self, members: list[tuple[np.ndarray, bytes]], keep: list[int]) -> int:
+    def _encode_in_turn(self, members: list[tuple[np.ndarray, bytes]], keep: list[int], neighbours_from: str) -> int:
         """One pass over `members` (tokens, key) in order, a blank line after each; the members at
         positions `keep` of this order are stored, after the ones before them."""
         pieces = [np.concatenate([tokens, self.separator]) for tokens, _ in members]
         keys, values, start = self.forward_after_prefix(np.concatenate(pieces))
+        firsts = [self.first_chunk(tokens) for tokens, _ in members]
         stored, offset = 0, start
         for position, (tokens, doc_key) in enumerate(members):
             if position in keep:
                 cuts = self.boundaries(tokens)
                 kv = keys[:, :, offset : offset + len(tokens)], values[:, :, offset : offset + len(tokens)]
                 contents = self.writer.contents(tokens, cuts)
+                after = WarmedAfter(offset - start, tuple(firsts[:position]), neighbours_from) if position else ALONE
                 with self.store.serving():
-                    stored += self.writer.write(
-                        doc_key, tokens, cuts, contents, kv, offset, None, context_tokens=offset - start
-                    )
+                    stored += self.writer.write(doc_key, tokens, cuts, contents, kv, offset, None, warmed_after=after)
             offset += len(pieces[position])
         return stored
 
@@ -139,13 +143,15 @@ class Warmer:
             raise ValueError(f"{name} has {len(tokens)} tokens, over the context window of {self.max_context}")
         return tokens
 
-    def context_tokens(self, neighbours: Neighbours | None, documents: list[np.ndarray]) -> list[np.ndarray]:
-        """Each document's neighbours as tokens, each followed by the prompt's blank line; the
-        farthest (first) are left out where they and the document would pass the window. Every
-        neighbour is checked before any model work."""
+    def contexts(
+        self, neighbours: Neighbours | None, documents: list[np.ndarray], neighbours_from: str
+    ) -> list[tuple[np.ndarray, WarmedAfter]]:
+        """Each document's neighbours as tokens, each followed by the prompt's blank line, and
+        their record; the farthest (first) are left out where they and the document would pass
+        the window. Every neighbour is checked before any model work."""
         empty = np.zeros(0, np.int64)
         if neighbours is None:
-            return [empty] * len(documents)
+            return [(empty, ALONE)] * len(documents)
         if isinstance(neighbours, (str, bytes)) or not isinstance(neighbours, Sequence):
             raise TypeError(f"neighbours must be a list of lists of texts, got {type(neighbours).__name__}")
         if len(neighbours) != len(documents):
@@ -155,26 +161,34 @@ class Warmer:
         for i, (texts, tokens) in enumerate(zip(neighbours, documents)):
             if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
                 raise TypeError(f"neighbours[{i}] must be a list of texts, got {type(texts).__name__}")
-            parts = []
+            parts, firsts = [], []
             for j, text in enumerate(texts):
                 name = f"neighbours[{i}][{j}]"
                 if not isinstance(text, str):
                     raise TypeError(f"{name} is a {type(text).__name__}, expected str")
                 part = np.asarray(self.tokenizer(check_text(text, name), add_special_tokens=False).input_ids, np.int64)
                 parts.append(np.concatenate([part, self.separator]))
+                firsts.append(self.first_chunk(part))
             while parts and sum(map(len, parts)) + len(tokens) > room:
-                parts.pop(0)
-            contexts.append(np.concatenate(parts) if parts else empty)
+                parts.pop(0), firsts.pop(0)
+            context = np.concatenate(parts) if parts else empty
+            contexts.append((context, WarmedAfter(len(context), tuple(firsts), neighbours_from) if parts else ALONE))
         return contexts
+
+    def first_chunk(self, tokens: np.ndarray) -> ContentHash:
+        """The key of a document's first chunk: what names it in a prompt's plan."""
+        return self.writer.contents(tokens, self.boundaries(tokens)[:2])[0]
 
     @functools.cached_property
     def separator(self) -> np.ndarray:
         """The tokens between two documents of a prompt (a blank line)."""
         return np.asarray(self.tokenizer("\n\n", add_special_tokens=False).input_ids, np.int64)
 
-    def encode_document(self, doc_key: bytes, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
-        """One pass over the document after the warm prefix and its `context` (neighbours); only
-        the document's KV is kept."""
+    def encode_document(
+        self, doc_key: bytes, tokens: np.ndarray, context: np.ndarray | None = None, warmed_after: WarmedAfter = ALONE
+    ) -> int:
+        """One pass over the document after the warm prefix and its `context` (neighbours, which
+        `warmed_after` records); only the document's KV is kept."""
         context = np.zeros(0, np.int64) if context is None else context
         keys, values, prefix_length = self.forward_after_prefix(np.concatenate([context, tokens]))
         start = prefix_length + len(context)
@@ -184,7 +198,7 @@ class Warmer:
         prefixes = chained_prefix_hashes(self.keys.stored_kv, tokens, cuts) if start == 0 else None
         kv = keys[:, :, start:], values[:, :, start:]
         contents = self.writer.contents(tokens, cuts)
-        return self.writer.write(doc_key, tokens, cuts, contents, kv, start, prefixes, context_tokens=len(context))
+        return self.writer.write(doc_key, tokens, cuts, contents, kv, start, prefixes, warmed_after=warmed_after)
 
     def forward_after_prefix(self, tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
         """One pass over `tokens` after the warm prefix: every layer's K/V [L, H, n, D] of the

@@ -82,12 +82,22 @@ class PassageIndex:
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         return PassageIndex(documents, vectors.astype(np.float32), self._embedder)
 
-    def neighbours(self, count: int) -> dict[str, list[str]]:
+    def neighbours(self, count: int, parts: int = 1, seed: int = 0) -> dict[str, list[str]]:
         """Each passage's `count` nearest other passages (as documents, the nearest last): the
-        context FusionRAG-style warming encodes before it."""
+        context FusionRAG-style warming encodes before it. `parts` > 1: as a corpus that grew in
+        that many parts (a random split), warmed after each by `kvboost-rag warm` over everything
+        so far: a passage's neighbours come from its part and the earlier ones only."""
+        if parts < 1:
+            raise ValueError(f"parts must be >= 1, got {parts}")
         documents = [p.as_document() for p in self.passages]
-        nearest = nearest_others(self._embeddings, count)
-        return {document: [documents[j] for j in others] for document, others in zip(documents, nearest)}
+        order = np.random.default_rng(seed).permutation(len(documents)) if parts > 1 else np.arange(len(documents))
+        found: dict[str, list[str]] = {}
+        for part in np.array_split(np.arange(len(order)), parts):
+            known = order[: part[-1] + 1] if len(part) else order[:0]
+            nearest = nearest_others(self._embeddings[known], count)
+            for row in part:
+                found[documents[order[row]]] = [documents[known[j]] for j in nearest[row]]
+        return found
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if k < 1:

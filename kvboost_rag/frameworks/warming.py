@@ -13,6 +13,8 @@ from typing import Any
 from ..engine import KVBoostRAG, WarmReport
 from ..neighbours import DEFAULT_NEIGHBOURS
 
+RETRIEVED_TOGETHER = "retrieved together"  # what a chunk records of neighbours a retriever returned with it
+
 
 def retrieved_together(texts: Sequence[str], count: int | None = None) -> Callable[[str], list[str]]:
     """Each text's neighbours among texts a retriever returned together (best first): the
@@ -28,6 +30,7 @@ def warm_quietly(
     engine: KVBoostRAG,
     texts: Iterable[str],
     neighbours: Callable[[str], Sequence[str]] | None = None,
+    neighbours_from: str = RETRIEVED_TOGETHER,
     **kwargs: Any,
 ) -> WarmReport:
     """Warm each non-blank text on its own; a text that fails becomes a warning, not an error.
@@ -35,7 +38,8 @@ def warm_quietly(
     Hooks call this inside the user's pipeline (retrieval, ingestion), which warming must never
     fail, and one bad document must not cost the others their warming: a document that cannot be
     warmed is simply computed when a prompt holds it. `neighbours(text)`: the texts to warm it
-    after (its nearest documents, FusionRAG), from the user's index.
+    after (its nearest documents, FusionRAG), from the user's index; `neighbours_from`: how they
+    were found, recorded with its chunks.
     """
     started = time.perf_counter()
     total = WarmReport()
@@ -45,6 +49,7 @@ def warm_quietly(
                 continue
             if neighbours is not None:
                 kwargs["neighbours"] = [[n for n in neighbours(text) if n.strip()]]
+                kwargs["neighbours_from"] = neighbours_from
             report = engine.warm(text, **kwargs)
         except Exception as error:  # noqa: BLE001 - never fail the user's chain
             warnings.warn(f"kvboost-rag could not warm a document: {error}", stacklevel=3)

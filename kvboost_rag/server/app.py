@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
 from ..engine.inputs import can_be_neighbour
 from ..engine.result import GenerationResult, WarmReport
-from ..neighbours import DEFAULT_NEIGHBOURS, embedder_installed, nearest_texts
+from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, HeldDocuments, embedder_installed, found_by
 from .admission import Admission, RunningSlot
 from .errors import APIError, install_handlers
 from .options import stream_arguments
@@ -40,6 +40,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     settings = settings or ServerSettings()
     served = settings.model_name or engine.name
     admission = Admission(settings.max_running, settings.max_waiting)
+    held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
     app = FastAPI(title="kvboost-rag", summary="OpenAI-compatible server with position-independent KV reuse")
     install_handlers(app)
 
@@ -114,7 +115,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     @app.post("/kvboost/warm", dependencies=[Depends(authorized)])
     async def warm(body: WarmRequest) -> dict[str, Any]:
         try:
-            report = await anyio.to_thread.run_sync(lambda: warm_with_neighbours(engine, body))
+            report = await anyio.to_thread.run_sync(lambda: warm_with_neighbours(engine, body, held))
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error), param="documents") from None
         return {**asdict(report), "encoded_documents": report.encoded_documents}
@@ -176,9 +177,10 @@ async def _events(
         admission.leave()
 
 
-def warm_with_neighbours(engine: KVBoostRAG, body: WarmRequest) -> WarmReport:
-    """Each document warmed after its nearest documents of the request, as `kvboost-rag warm`
-    warms a corpus (by default where the bundled embedder is installed; else alone)."""
+def warm_with_neighbours(engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments) -> WarmReport:
+    """Each document warmed after its nearest among the request's documents and those this
+    server warmed before, as `kvboost-rag warm` warms a corpus (by default where the bundled
+    embedder is installed; else alone)."""
     count = body.neighbours
     if count is None:
         count = DEFAULT_NEIGHBOURS if embedder_installed() else 0
@@ -187,5 +189,5 @@ def warm_with_neighbours(engine: KVBoostRAG, body: WarmRequest) -> WarmReport:
             400, "neighbours are found by the bundled embedder: install kvboost-rag[eval]", param="neighbours"
         )
     documents = body.documents
-    nearest = nearest_texts(documents, count, can_be_neighbour) if count and len(documents) > 1 else None
-    return engine.warm(documents, pin=body.pin, neighbours=nearest)
+    nearest = held.nearest(documents, count, can_be_neighbour) if count else None
+    return engine.warm(documents, pin=body.pin, neighbours=nearest, neighbours_from=found_by(BUNDLED_EMBEDDER, count))

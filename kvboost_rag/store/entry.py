@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,6 +12,28 @@ from ..ops.quantization import QuantizedTensor
 from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey
 
 KV = torch.Tensor | QuantizedTensor
+
+
+@dataclass(slots=True, frozen=True)
+class WarmedAfter:
+    """What a chunk's document was encoded after when it was warmed (neighbour-aware warming)."""
+
+    context_tokens: int = 0  # tokens of other documents before it; 0: warmed alone
+    # The first chunk of each document before it; () with context_tokens: not recorded (older stores).
+    neighbours: tuple[ContentHash, ...] = ()
+    found_by: str = ""  # how those documents were chosen, e.g. "all-MiniLM-L6-v2, 4 nearest"
+
+    def share_present(self, in_prompt: Set[ContentHash]) -> float:
+        """The share of those documents that stand in a prompt whose chunks are `in_prompt`:
+        0 for a chunk warmed alone, 1 where the record does not say which they were."""
+        if not self.context_tokens:
+            return 0.0
+        if not self.neighbours:
+            return 1.0
+        return sum(first in in_prompt for first in self.neighbours) / len(self.neighbours)
+
+
+ALONE = WarmedAfter()
 
 
 @dataclass(slots=True, eq=False)
@@ -28,9 +51,9 @@ class ChunkEntry:
     approximate_ok: bool = True  # indexed for position-independent reuse
     importance: float | None = None  # mean L2 norm of its value vectors; computed when None
     window_keys: list[WindowKey] = field(default_factory=list)
-    # Tokens of other documents its document was encoded after (neighbour-aware warming); 0: alone.
-    # The repair recomputes less of KV warmed among its neighbours (RepairConfig.rho_after_neighbours).
-    context_tokens: int = 0
+    # How its document was warmed: the repair recomputes less of KV warmed among the neighbours
+    # that stand beside it in the prompt (RepairConfig.rho_after_neighbours).
+    warmed_after: WarmedAfter = ALONE
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

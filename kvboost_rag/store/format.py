@@ -22,7 +22,8 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from ..ops.quantization import QuantizedTensor
-from .entry import KV, ChunkEntry
+from ..plan.keys import ContentHash
+from .entry import ALONE, KV, ChunkEntry, WarmedAfter
 
 FORMAT = "kvboost-rag-chunk-v2"
 READABLE_FORMATS = ("kvboost-rag-chunk-v1", FORMAT)
@@ -39,7 +40,7 @@ class ChunkRecord:
     next_chunk: bytes | None
     tokens: np.ndarray
     importance: float
-    context_tokens: int = 0  # chunks written before it was recorded were warmed alone
+    warmed_after: WarmedAfter = ALONE  # chunks written before it was recorded were warmed alone
 
 
 def serialize(entry: ChunkEntry, importance: float) -> bytes:
@@ -61,25 +62,33 @@ def serialize(entry: ChunkEntry, importance: float) -> bytes:
         "base_position": str(entry.base_position),
         "next_chunk": entry.next_chunk.hex() if entry.next_chunk is not None else "",
         "importance": repr(float(importance)),
-        "context_tokens": str(entry.context_tokens),
+        "context_tokens": str(entry.warmed_after.context_tokens),
+        "neighbours": ",".join(first.hex() for first in entry.warmed_after.neighbours),
+        "found_by": entry.warmed_after.found_by,
     }
     return save_tensors(tensors, metadata=metadata)
 
 
-def deserialize(data: bytes, content: bytes) -> tuple[KV, KV, int]:
-    """Keys, values and context tokens of the chunk `content` (v1 or v2); ValueError when the
+def deserialize(data: bytes, content: bytes) -> tuple[KV, KV, WarmedAfter]:
+    """Keys, values and warming record of the chunk `content` (v1 or v2); ValueError when the
     bytes are not that chunk."""
     metadata, tensors = _checked_chunk(data, content)
-    return _rebuild("keys", metadata, tensors), _rebuild("values", metadata, tensors), context_tokens(metadata)
+    return _rebuild("keys", metadata, tensors), _rebuild("values", metadata, tensors), warmed_after(metadata)
 
 
-def context_tokens(metadata: dict[str, str]) -> int:
-    """How many tokens of neighbours the chunk's document was warmed after; 0 (alone) in files
-    written before the record was kept."""
+def warmed_after(metadata: dict[str, str]) -> WarmedAfter:
+    """What the chunk's document was warmed after; alone in files written before the record was
+    kept, neighbours unnamed in files written before they were."""
     value = metadata.get("context_tokens", "0")
     if not value.isdigit():
         raise ValueError(f"bad context_tokens {value!r}")
-    return int(value)
+    try:
+        neighbours = tuple(ContentHash(bytes.fromhex(h)) for h in metadata.get("neighbours", "").split(",") if h)
+    except ValueError:
+        raise ValueError(f"bad neighbours {metadata['neighbours'][:80]!r}") from None
+    if not int(value):
+        return ALONE
+    return WarmedAfter(int(value), neighbours, metadata.get("found_by", ""))
 
 
 def load_chunk(data: bytes, content: bytes) -> tuple[ChunkRecord, KV, KV]:
@@ -109,7 +118,7 @@ def _record(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> Chunk
         optional("next_chunk"),
         tensors["tokens"].numpy().astype(np.int64),
         float(metadata["importance"]),
-        context_tokens(metadata),
+        warmed_after(metadata),
     )
 
 

@@ -34,3 +34,24 @@ def test_one_passage_per_document_is_the_index_itself_and_zero_is_refused() -> N
     assert index.grouped(1) is index
     with pytest.raises(ValueError, match=">= 1"):
         index.grouped(0)
+
+
+def test_a_corpus_warmed_in_parts_finds_neighbours_only_in_its_part_and_earlier_ones() -> None:
+    index = _index(30)
+    documents = [p.as_document() for p in index.passages]
+    whole = index.neighbours(2)
+    assert whole == index.neighbours(2, parts=1, seed=5), "one part: the corpus at once, whatever the seed"
+    for document, others in whole.items():  # its own cluster of three
+        assert {documents.index(o) // 3 for o in others} == {documents.index(document) // 3}
+    order = np.random.default_rng(7).permutation(30)
+    parts = index.neighbours(2, parts=3, seed=7)
+    for run, members in enumerate(np.array_split(order, 3)):
+        known = {documents[i] for i in order[: 10 * (run + 1)]}
+        for i in members:
+            assert set(parts[documents[i]]) <= known - {documents[i]}, "never a document of a later run"
+            assert len(parts[documents[i]]) == 2
+    last = [documents[i] for i in order[20:]]
+    assert all(parts[d] == whole[d] for d in last), "the last run sees the whole corpus"
+    assert any(parts[d] != whole[d] for d in documents if d not in last), "earlier runs miss later neighbours"
+    with pytest.raises(ValueError, match=">= 1"):
+        index.neighbours(2, parts=0)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from kvboost_rag.ops.quantization import QuantizedTensor, quantize_keys, quantize_values
-from kvboost_rag.plan.keys import prefix_hash, window_keys
+from kvboost_rag.plan.keys import ContentHash, prefix_hash, window_keys
 from kvboost_rag.store.disk import DiskStore
 from kvboost_rag.store.disk.index import DiskIndex, StoreVersionError
-from kvboost_rag.store.entry import DocumentRecord, value_norm
+from kvboost_rag.store.entry import ALONE, DocumentRecord, WarmedAfter, value_norm
 from kvboost_rag.store.settings import SCHEMA_VERSION, KeySettings
 
 
@@ -43,7 +43,7 @@ def test_dense_entries_round_trip(fakes, disk, dtype) -> None:
     entry = replace(
         fakes.entry(tokens, base_position=32, prefix=prefix_hash(fakes.model_fp, None, tokens), importance=1.5),
         next_chunk=b"n" * 32,
-        context_tokens=24,
+        warmed_after=WarmedAfter(24, (ContentHash(b"a" * 32),), "all-MiniLM-L6-v2, 4 nearest"),
     )
     entry = replace(entry, keys=entry.keys.to(dtype), values=entry.values.to(dtype))
     assert disk.put(entry)
@@ -53,7 +53,8 @@ def test_dense_entries_round_trip(fakes, disk, dtype) -> None:
         assert loaded.keys.dtype == dtype and torch.equal(loaded.keys, entry.keys)
         assert torch.equal(loaded.values, entry.values)
         assert loaded.tokens.dtype == np.int64 and np.array_equal(loaded.tokens, tokens)
-        assert loaded.base_position == 32 and loaded.importance == 1.5 and loaded.context_tokens == 24
+        assert loaded.base_position == 32 and loaded.importance == 1.5
+        assert loaded.warmed_after == entry.warmed_after
         assert (loaded.content_hash, loaded.prefix_hash, loaded.next_chunk) == (
             entry.content_hash,
             entry.prefix_hash,
@@ -300,13 +301,19 @@ def test_a_chunk_written_before_warming_was_recorded_reads_as_warmed_alone(fakes
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    entry = replace(fakes.entry(fakes.tokens(16, band=3)), context_tokens=40)
+    entry = replace(fakes.entry(fakes.tokens(16, band=3)), warmed_after=WarmedAfter(40, (ContentHash(b"a" * 32),)))
     assert disk.put(entry)
     path = chunk_file(disk, entry)
     with safe_open(str(path), "pt") as handle:
         metadata = dict(handle.metadata())
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    del metadata["context_tokens"]  # as an older kvboost-rag wrote it
-    save_file(tensors, str(path), metadata=metadata)
-    loaded = disk.get(entry.content_hash)
-    assert loaded is not None and loaded.context_tokens == 0
+    for older, dropped, read_as in (
+        ("named no neighbours", ("neighbours", "found_by"), WarmedAfter(40)),
+        ("recorded no warming", ("context_tokens",), ALONE),
+    ):
+        for key in dropped:
+            del metadata[key]  # as an older kvboost-rag wrote it
+        save_file(tensors, str(path), metadata=metadata)
+        loaded = disk.get(entry.content_hash)
+        assert loaded is not None and loaded.warmed_after == read_as, older
+    assert WarmedAfter(40).share_present(set()) == 1.0, "neighbours not named: taken as present, as before"

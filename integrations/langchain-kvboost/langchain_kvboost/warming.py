@@ -10,7 +10,7 @@ from langchain_core.vectorstores import VectorStore
 
 from kvboost_rag import KVBoostRAG, WarmReport
 from kvboost_rag.frameworks.warming import warm_quietly
-from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, found_by
 
 
 def warm_documents(
@@ -43,4 +43,6 @@ def warm_documents(
         found = vectorstore.similarity_search(text, k=neighbours + 1)  # type: ignore[union-attr]
         return [d.page_content for d in found if d.page_content != text][:neighbours][::-1]
 
-    return warm_quietly(engine, (d.page_content for d in documents), nearest if neighbours else None, **kwargs)
+    texts = (d.page_content for d in documents)
+    how = found_by(type(vectorstore).__name__, neighbours)
+    return warm_quietly(engine, texts, nearest if neighbours else None, neighbours_from=how, **kwargs)

@@ -215,7 +215,7 @@ class DiskStore:
             return None
         content = bytes(row.content_hash)
         try:
-            keys, values, context = deserialize((self.root / row.file).read_bytes(), content)
+            keys, values, warmed_after = deserialize((self.root / row.file).read_bytes(), content)
         except (OSError, ValueError) as error:
             warnings.warn(f"dropping corrupted chunk {content.hex()[:16]} ({error}); it will be recomputed")
             self.remove(ContentHash(content))
@@ -230,7 +230,7 @@ class DiskStore:
             prefix_hash=PrefixHash(bytes(row.prefix_hash)) if row.prefix_hash is not None else None,
             next_chunk=ContentHash(bytes(row.next_chunk)) if row.next_chunk is not None else None,
             importance=row.importance,
-            context_tokens=context,
+            warmed_after=warmed_after,
         )
 
 

@@ -141,7 +141,7 @@ class RedisStore:
             prefix_hash=PrefixHash(record.prefix_hash) if record.prefix_hash is not None else None,
             next_chunk=ContentHash(record.next_chunk) if record.next_chunk is not None else None,
             importance=record.importance,
-            context_tokens=record.context_tokens,
+            warmed_after=record.warmed_after,
         )
 
     def _read(self, name: str) -> bytes | None:

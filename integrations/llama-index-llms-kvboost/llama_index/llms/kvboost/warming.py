@@ -17,7 +17,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.frameworks.warming import retrieved_together, warm_quietly
-from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, nearest_others
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, found_by, nearest_others
 
 
 def node_text(node: BaseNode) -> str:
@@ -51,7 +51,10 @@ class KVBoostWarmTransformation(TransformComponent):
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
         texts = [node_text(n) for n in nodes]
-        warm_quietly(self.engine, texts, self._nearest(nodes, texts))
+        count = DEFAULT_NEIGHBOURS if self.neighbours is None else self.neighbours
+        warm_quietly(
+            self.engine, texts, self._nearest(nodes, texts), neighbours_from=found_by("node embeddings", count)
+        )
         return nodes
 
     def _nearest(self, nodes: Sequence[BaseNode], texts: list[str]) -> Callable[[str], list[str]] | None:
