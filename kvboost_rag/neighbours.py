@@ -42,12 +42,30 @@ def load_embedder(path: str | os.PathLike[str] | None = None) -> Any:
     return SentenceTransformer(str(path or default_embedder_path()), device="cpu", local_files_only=True)
 
 
-def embed(texts: list[str], embedder: Any = None, batch_size: int = 64) -> np.ndarray:
-    """Unit vectors of `texts`, one row each."""
+def embed(texts: list[str], embedder: Any = None, batch_size: int = 64, label: str = "embedding") -> np.ndarray:
+    """Unit vectors of `texts`, one row each. More than a batch shows a progress bar named
+    `label` (sentence-transformers' own says only "Batches"): longest texts first in batches, as
+    sentence-transformers orders them, so a batch pads little."""
     embedder = embedder or load_embedder()
-    vectors = embedder.encode(
-        texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=len(texts) > batch_size
-    )
+    if len(texts) <= batch_size:
+        return _encode(embedder, texts, batch_size)
+    from tqdm import tqdm
+
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    vectors = np.empty((0, 0), dtype=np.float32)
+    with tqdm(total=len(texts), desc=label, unit="text") as bar:
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            part = _encode(embedder, [texts[i] for i in batch], batch_size)
+            if not start:
+                vectors = np.empty((len(texts), part.shape[1]), dtype=np.float32)
+            vectors[batch] = part
+            bar.update(len(batch))
+    return vectors
+
+
+def _encode(embedder: Any, texts: list[str], batch_size: int) -> np.ndarray:
+    vectors = embedder.encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
     return np.asarray(vectors, dtype=np.float32)
 
 

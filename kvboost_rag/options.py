@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import (
     ChunkingStrategy,
@@ -29,9 +29,12 @@ from .config import (
     SparseDecodeConfig,
     check_option_names,
 )
-from .engine import KVBoostRAG, SamplingParams
 from .engine.inputs import check_real
+from .engine.sampling import SamplingParams
 from .store.location import StoreLocations
+
+if TYPE_CHECKING:
+    from .engine import KVBoostRAG  # imports torch: only where an engine is built
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,19 @@ SAMPLING_OPTIONS: tuple[Option, ...] = (
     Option("max_tokens", int, 256, "Most new tokens per answer."),
     Option("top_p", float, _SAMPLING_DEFAULTS.top_p, "Nucleus sampling mass; 1 switches it off."),
     Option("top_k", int, _SAMPLING_DEFAULTS.top_k, "Sample among the k likeliest tokens; 0 switches it off."),
+    Option(
+        "min_p",
+        float,
+        _SAMPLING_DEFAULTS.min_p,
+        "Drop tokens less likely than this share of the likeliest token's probability; 0 switches it off.",
+    ),
+    Option(
+        "repetition_penalty",
+        float,
+        _SAMPLING_DEFAULTS.repetition_penalty,
+        "Make tokens of the prompt and the answer so far less likely (their logits divided by it, or "
+        "multiplied where negative); 1 switches it off.",
+    ),
     Option("seed", int | None, None, "Seed for sampling, for repeatable answers."),
     Option("stop", list[str] | None, None, "Strings that end the answer (not included in it)."),
     Option("timeout_s", float | None, None, 'Seconds a call may take; decoding stops there (finish_reason "length").'),
@@ -146,6 +162,8 @@ _SAMPLING_NAMES = {
     "temperature": "temperature",
     "top_p": "top_p",
     "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
     "seed": "seed",
     "stop": "stop",
 }
@@ -204,6 +222,8 @@ def check_options(values: Mapping[str, Any], *, shared_engine: bool = False) -> 
 
 def build_engine(values: Mapping[str, Any]) -> KVBoostRAG:
     """The engine these options describe (loads the model)."""
+    from .engine import KVBoostRAG
+
     return KVBoostRAG.from_pretrained(
         values.get("model"),
         dtype=values.get("dtype"),

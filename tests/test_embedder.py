@@ -26,3 +26,13 @@ def test_the_embedder_loads_offline_and_leaves_the_environment_alone(monkeypatch
     assert vectors.shape == (3, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2], "paraphrases are nearer than unrelated text"
+
+
+def test_embedding_in_labelled_batches_gives_the_vectors_of_one_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    """More than a batch shows a bar under the caller's label (not "Batches"), the same vectors."""
+    embedder = load_embedder()
+    texts = ["Paris is the capital of France.", "Bees make honey.", "A long sentence " * 5, "x", "Rain falls."]
+    together = embed(texts, embedder, batch_size=8)
+    batched = embed(texts, embedder, batch_size=2, label="embedding the corpus")
+    assert np.allclose(batched, together, atol=1e-5)
+    assert "embedding the corpus" in capsys.readouterr().err

@@ -186,6 +186,27 @@ def test_cli_eval_refuses_unknown_variants(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "magic" in result.output
 
 
+def test_cli_eval_help_lists_every_variant_with_what_it_runs() -> None:
+    result = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "100"}, terminal_width=100)
+    assert result.exit_code == 0, result.output
+    listed = result.output[result.output.index("Variants (--variants):") :].splitlines()
+    for name, builder in VARIANTS.items():
+        assert any(line.split()[:1] == [name] and builder.about.split()[0] in line for line in listed), name
+    assert "eval/variants.py" not in result.output and "full,default,plain" in result.output
+
+
+def test_cli_eval_refuses_a_missing_data_file_before_loading_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvboost_rag.options
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("no engine for a missing file")
+
+    monkeypatch.setattr(kvboost_rag.options, "build_engine", never)
+    result = CliRunner().invoke(app, ["eval", "--data", "/nonexistent/qa.jsonl"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "--data" in result.output and "does not exist" in result.output
+
+
 def test_prompts_over_the_context_window_leave_out_the_lowest_ranked(
     fresh_engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -214,6 +214,8 @@ def test_warm_cli_reports_bad_files_and_warms_the_rest(
     assert "Traceback" not in result.output and "Aborted" not in result.output
     assert "4 documents from 7 files: 3 warmed" in result.stdout and ", 1 failed" in result.stdout
     assert DiskStore(store, 16).stats()[0].documents == 3, "a_good.txt and g_long.jsonl's other two"
+    stats = CliRunner().invoke(app, ["cache", "stats", "--store", str(store)])
+    assert stats.exit_code == 0 and str(tiny_model_dir) in stats.stdout, "the model named, not only its fingerprint"
 
 
 def test_warm_cli_fail_fast_stops_at_the_first_bad_file(

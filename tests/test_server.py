@@ -486,3 +486,16 @@ def test_cli_serve_reads_its_settings_from_the_environment_and_shares_a_redis_st
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_the_readmes_openai_client_example_runs_against_the_server(
+    server: tuple[str, KVBoostRAG], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "OpenAI(" in b)
+    url, engine = server
+    pointed = block.replace("http://localhost:8000/v1", url).replace('"secret"', repr(KEY))
+    exec(compile(pointed.replace('"SmolLM2-135M-Instruct"', '"smollm"'), "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip(), "it printed the streamed answer"

@@ -1,11 +1,14 @@
 """The typer application, and where the commands' chunk store is.
 
-The flags the commands share come from the option table (`cli/options.py`).
+The flags the commands share come from the option table (`cli/options.py`). Nothing here or in
+the command modules imports torch or transformers at import time: each command imports what it
+runs, so `--help`, `--version`, `cache stats` and usage errors answer in well under a second.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -28,6 +31,18 @@ def store_location(store: str | None) -> str:
     return ",".join(part if is_redis_url(part) else str(Path(part).expanduser()) for part in parts)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"kvboost-rag {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
     """kvboost-rag: warm documents once, reuse their KV wherever they land in later prompts."""

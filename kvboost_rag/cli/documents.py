@@ -7,6 +7,8 @@ prompts, so text warmed here is found there.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ from ..records import Passage, read_records
 
 TEXT_SUFFIXES = {".txt", ".md"}
 JSON_SUFFIXES = {".json", ".jsonl"}
+# What a json record may be, for the error that refuses one that is none of them.
+RECORD_FORMS = 'a json string, an object with "text" and an optional "title", or one with a "ctxs" list of those'
 
 
 def is_supported(path: Path) -> bool:
@@ -22,19 +26,38 @@ def is_supported(path: Path) -> bool:
     return bool(suffixes) and suffixes[0] in TEXT_SUFFIXES | JSON_SUFFIXES
 
 
-def document_files(paths: list[Path]) -> list[Path]:
+@dataclass(slots=True)
+class DocumentFiles:
+    """The files to read, and those of unsupported types found in folders (named, so the user
+    knows they were left out: naming one directly is an error instead)."""
+
+    files: list[Path] = field(default_factory=list)
+    skipped: list[Path] = field(default_factory=list)
+
+    def skipped_line(self, shown: int = 5) -> str:
+        """One line naming the skipped files (the first `shown` of them); "" when none were."""
+        if not self.skipped:
+            return ""
+        names = ", ".join(str(p) for p in self.skipped[:shown])
+        more = f" and {len(self.skipped) - shown} more" if len(self.skipped) > shown else ""
+        count = len(self.skipped)
+        return f"skipped {count} file{'s' if count != 1 else ''} of unsupported types: {names}{more}"
+
+
+def document_files(paths: list[Path]) -> DocumentFiles:
     """The supported files under `paths` (directories recursively), in a stable order."""
-    files: list[Path] = []
+    found = DocumentFiles()
     for path in paths:
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p))
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                (found.files if is_supported(file) else found.skipped).append(file)
         elif path.is_file():
             if not is_supported(path):
                 raise ValueError(f"{path}: not a .txt, .md, .json or .jsonl file (optionally .gz)")
-            files.append(path)
+            found.files.append(path)
         else:
             raise FileNotFoundError(f"{path} does not exist")
-    return files
+    return found
 
 
 def read_documents(path: Path) -> list[tuple[str, str]]:
@@ -63,7 +86,10 @@ def _record_documents(path: Path, index: int, record: Any) -> list[tuple[str, st
         return [_passage(path, f"{where} ctxs[{i}]", ctx) for i, ctx in enumerate(record["ctxs"])]
     if isinstance(record, dict) and "text" in record:
         return [_passage(path, where, record)]
-    raise ValueError(f"{path}: {where} is neither text, a passage nor an example with ctxs")
+    found = f"keys {', '.join(map(repr, record)) or '(none)'}" if isinstance(record, dict) else json.dumps(record)[:40]
+    raise ValueError(
+        f"{path}: {where} is neither text, a passage nor an example with ctxs ({RECORD_FORMS}); got {found}"
+    )
 
 
 def _passage(path: Path, where: str, record: Any) -> tuple[str, str]:

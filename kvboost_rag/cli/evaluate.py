@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ..config import MEMORY_ONLY
+from ..eval.variants import DEFAULT_VARIANTS, described
 from ..neighbours import DEFAULT_NEIGHBOURS
 from .app import app, store_location
 from .options import table_options
+
+# Sized for a CPU (issue 32): the former seven variants and rho sweep took ~175 s a question on
+# one, so 500 questions took a day; 500 narrows EM's interval to a few points where there is time.
+DEFAULT_LIMIT = 20
 
 
 def _floats(text: str) -> list[float]:
@@ -20,11 +26,36 @@ def _floats(text: str) -> list[float]:
         raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from error
 
 
-@app.command("eval")
+def _say(text: str) -> None:
+    """A stage's line on stderr, beside the progress bars, so stdout keeps only the table."""
+    typer.echo(text, err=True)
+
+
+def _counted(items: Iterable[int], count: Callable[[int], object]) -> Iterator[int]:
+    """`items`, counting each once its work is done: the bar's rate, and so its time left, is per
+    whole question."""
+    for item in items:
+        yield item
+        count(1)
+
+
+@app.command("eval", epilog="Variants (--variants):\n" + described())
 @table_options("model", "dtype", "device", "store", defaults={"store": MEMORY_ONLY})
 def eval_command(
-    data: Annotated[Path | None, typer.Option(help="QA file (jsonl or json list, .gz or not); default NQ-Open")] = None,
-    limit: Annotated[int, typer.Option(help="questions to answer")] = 500,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="QA file (jsonl or json list, .gz or not); default NQ-Open", exists=True, dir_okay=False, readable=True
+        ),
+    ] = None,
+    limit: Annotated[
+        int,
+        typer.Option(
+            help=f"questions to answer: {DEFAULT_LIMIT} suits a CPU run (the progress bar shows the time left); "
+            "500 for EM within a few points",
+            min=1,
+        ),
+    ] = DEFAULT_LIMIT,
     k: Annotated[int, typer.Option(help="passages per prompt")] = 5,
     doc_passages: Annotated[
         int, typer.Option(help="passages per document: >1 joins neighbouring passages into long documents")
@@ -59,12 +90,12 @@ def eval_command(
     ] = False,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
-    variants: Annotated[str, typer.Option(help="comma list of variants (see eval/variants.py)")] = (
-        "full,none,boundary,cacheblend,plain,default,exact"
+    variants: Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")] = ",".join(
+        DEFAULT_VARIANTS
     ),
     rho_sweep: Annotated[
-        str, typer.Option(help="CacheBlend rho values to sweep, comma list; '' for none")
-    ] = "0.05,0.3,0.5",
+        str, typer.Option(help="CacheBlend rho values to sweep, comma list, e.g. 0.05,0.3,0.5 (none by default)")
+    ] = "",
     sweep_limit: Annotated[int, typer.Option(help="questions for the rho sweep")] = 200,
     rho: Annotated[float | None, typer.Option(help="CacheBlend rho (default: the engine's)")] = None,
     check_layer: Annotated[int | None, typer.Option(help="CacheBlend check layer")] = None,
@@ -86,6 +117,7 @@ def eval_command(
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = True,
     max_new_tokens: Annotated[int, typer.Option()] = 32,
     out: Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")] = Path("eval-results"),
+    wide: Annotated[bool, typer.Option(help="print every column, not the short table (the Markdown has both)")] = False,
     *,
     options: dict[str, Any],
 ) -> None:
@@ -104,11 +136,15 @@ def eval_command(
     from ..eval.variants import variants as build_variants
     from ..options import build_engine
 
-    path = data or default_nq_path()
-    examples = load_qa(path)
+    try:
+        path = data or default_nq_path()
+        examples = load_qa(path)
+    except (FileNotFoundError, ValueError) as error:
+        raise typer.BadParameter(str(error), param_hint="--data") from error
     if not examples:
-        raise typer.BadParameter(f"{path} holds no examples")
+        raise typer.BadParameter(f"{path} holds no examples", param_hint="--data")
     chosen = random.Random(seed).sample(examples, min(limit, len(examples)))
+    _say(f"loading the model ({options.get('model') or 'the default'})")
     engine = build_engine({**options, "store": store_location(options.get("store"))})
     repair_changes: dict[str, Any] = dict(
         rho=rho,
@@ -140,6 +176,7 @@ def eval_command(
         if doc_passages < 1:
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
         index = corpus_index(examples, doc_passages)
+        _say(f"retrieving {k} documents a question")
         retrieved = retrieve_documents(index, chosen, k)
         if random_others:  # documents that are not each other's neighbours: robustness of the warming
             every = [p.as_document() for p in index.passages]
@@ -189,23 +226,29 @@ def eval_command(
         max_new_tokens=max_new_tokens,
         chat=chat,
     )
-    report = run_eval(
-        engine,
-        chosen,
-        passages_for,
-        chosen_variants,
-        sweep=sweep,
-        sweep_questions=sweep_limit,
-        seed=seed,
-        template=template_text,
-        chat=chat,
-        max_new_tokens=max_new_tokens,
-        progress=lambda it: tqdm(it, desc=f"eval k={k}", unit="q"),
-        settings=settings,
-        neighbours_for=neighbours_for,
-        warm_groups=groups,
+    _say(
+        f"{len(chosen)} questions, each warmed, then answered by {', '.join(v.name for v in chosen_variants)}"
+        + (f"; the first {settings['sweep_questions']} also by {', '.join(v.name for v in sweep)}" if sweep else "")
     )
-    typer.echo(format_table(report))
+    with tqdm(total=len(chosen), desc="warming", unit="q") as bar:
+        report = run_eval(
+            engine,
+            chosen,
+            passages_for,
+            chosen_variants,
+            sweep=sweep,
+            sweep_questions=sweep_limit,
+            seed=seed,
+            template=template_text,
+            chat=chat,
+            max_new_tokens=max_new_tokens,
+            progress=lambda items: _counted(items, bar.update),
+            stage=bar.set_description_str,
+            settings=settings,
+            neighbours_for=neighbours_for,
+            warm_groups=groups,
+        )
+    typer.echo(format_table(report, full=wide))
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
     stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
     stem += "_together" if groups else ""

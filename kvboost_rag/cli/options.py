@@ -3,8 +3,9 @@ name, help and default the Python API and the server take: `kv_quantization` is
 `--kv-quantization` (`KVBOOST_RAG_KV_QUANTIZATION` where a command reads the environment).
 
 A command names the options it takes (`@table_options("model", "store", ...)`) and receives
-those given as one `options` dict, by the table's names, sizes in bytes: what `check_options`,
-`build_engine` and `EngineConfig.from_options` take.
+those given as one `options` dict, by the table's names, sizes in bytes, `repair` and `exactness`
+as the engine takes them (`cli/configs.py`): what `check_options`, `build_engine` and
+`EngineConfig.from_options` take.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Annotated, Any, TypeVar, get_args
 import typer
 
 from ..options import OPTIONS_BY_NAME, Option
+from .configs import REPAIR_METAVAR, exactness_parameters, parse_repair, pop_exactness
 from .sizes import parse_bytes
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -37,8 +39,8 @@ def _is_size(option: Option) -> bool:
 
 def _flag_type(option: Option) -> Any:
     """What the flag parses: the option's type less None and what only Python can pass (a
-    RepairConfig, a Path); a size as text ("2GiB")."""
-    if _is_size(option):
+    RepairConfig, a Path); a size ("2GiB") and a repair ("cacheblend:0.05") as text."""
+    if _is_size(option) or option.name == "repair":
         return str
     members = get_args(option.type) or (option.type,)
     members = tuple(t for t in members if t not in (type(None), Path) and not is_dataclass(t))
@@ -54,7 +56,10 @@ def _parameter(option: Option, default: Any, environment: bool) -> inspect.Param
     declarations = [f"{flags[0]}/--no-{flags[0][2:]}"] if kind is bool else flags
     reads_environment = environment or option.name == "store"
     envvar = [ENV_PREFIX + name.upper() for name in names] if reads_environment else None
-    info = typer.Option(*declarations, help=option.doc, envvar=envvar, show_default=default is not None)
+    metavar = REPAIR_METAVAR if option.name == "repair" else None
+    info = typer.Option(
+        *declarations, help=option.doc, envvar=envvar, show_default=default is not None, metavar=metavar
+    )
     annotation: Any = Annotated[kind if default is not None else kind | None, info]
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
@@ -69,7 +74,15 @@ def table_options(
     KVBOOST_RAG_<OPTION> too (`--store` always can).
     """
     defaults = dict(defaults or {})
-    flags = [_parameter(OPTIONS_BY_NAME[name], defaults.get(name), environment) for name in names]
+    flags = [
+        flag
+        for name in names
+        for flag in (
+            exactness_parameters(ENV_PREFIX if environment else None)
+            if name == "exactness"
+            else [_parameter(OPTIONS_BY_NAME[name], defaults.get(name), environment)]
+        )
+    ]
 
     def decorate(command: Command) -> Command:
         signature = inspect.signature(command, eval_str=True)
@@ -78,7 +91,7 @@ def table_options(
 
         @functools.wraps(command)
         def run(**values: Any) -> Any:
-            given = {name: values.pop(name) for name in names}
+            given = {name: pop_exactness(values) if name == "exactness" else values.pop(name) for name in names}
             options = {name: _value(name, value) for name, value in given.items() if value is not None}
             return command(**values, options=options)
 
@@ -90,4 +103,6 @@ def table_options(
 
 
 def _value(name: str, value: Any) -> Any:
+    if name == "repair":
+        return parse_repair(value)
     return parse_bytes(value) if _is_size(OPTIONS_BY_NAME[name]) else value

@@ -1,20 +1,28 @@
 """`kvboost-rag serve`: the OpenAI-compatible server (the `server` extra: FastAPI and uvicorn).
 
 Every option can come from the environment too: KVBOOST_RAG_<OPTION>, e.g. KVBOOST_RAG_PORT.
+The port is bound before the model loads, so a taken one fails at once.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
 from .app import app, store_location
 from .options import table_options
 
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
 
 def _env(name: str) -> str:
     return f"KVBOOST_RAG_{name.upper()}"
+
+
+def _origins(given: list[str] | None) -> tuple[str, ...]:
+    """Origins from repeated flags, each a comma list."""
+    return tuple(origin.strip() for text in given or [] for origin in text.split(",") if origin.strip())
 
 
 @app.command("serve")
@@ -32,6 +40,7 @@ def _env(name: str) -> str:
     "memory_budget_bytes",
     "store_prompt",
     "repair",
+    "exactness",
     "warm_prefix",
     "kv_quantization",
     "disk_budget_bytes",
@@ -46,27 +55,82 @@ def serve(
     ] = None,
     max_running: Annotated[int, typer.Option(envvar=_env("max_running"), help="requests decoding at once")] = 4,
     max_waiting: Annotated[int, typer.Option(envvar=_env("max_waiting"), help="queued past those; then 429")] = 16,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("temperature"),
+            help="temperature of requests that name none: OpenAI's default, 1.0 (the Python API's is 0, "
+            "greedy); 0 makes them greedy",
+        ),
+    ] = 1.0,
+    neighbours: Annotated[
+        int | None,
+        typer.Option(
+            envvar=_env("neighbours"),
+            min=0,
+            help="/kvboost/warm requests that name no `neighbours`: each document warmed after its N nearest, "
+            "as `kvboost-rag warm --neighbours` (default: 4 where the bundled embedder is installed, else 0)",
+        ),
+    ] = None,
+    allowed_origins: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar=_env("allowed_origins"),
+            help="browser origins that may call the server (CORS), comma list or repeated; '*': any (default: none)",
+        ),
+    ] = None,
+    log_level: Annotated[
+        LogLevel, typer.Option(envvar=_env("log_level"), help="uvicorn's log level; 'info' logs every request")
+    ] = "info",
     *,
     options: dict[str, Any],
 ) -> None:
-    """Serve the OpenAI API (chat, completions, models) plus /kvboost/ warm and store routes."""
+    """Serve the OpenAI API (chat, completions, models) plus /kvboost/ warm and store routes.
+
+    Requests that name no temperature sample at 1.0, OpenAI's default (the Python API's is 0):
+    --temperature sets another. --repair takes a strategy or STRATEGY:AMOUNT: cacheblend:0.05
+    recomputes 5% of moved tokens in every chunk, boundary:16 16 tokens at each run's start.
+    Bodies are read as JSON whatever their Content-Type says (curl -d works). The API's schema is
+    at /openapi.json; there is no /docs page (Swagger UI loads from a CDN, blank offline).
+    """
     try:
         import uvicorn
 
         from ..server import ServerSettings, create_app
+        from ..server.listen import AnnouncingServer, CannotListen, bind, url
     except ImportError as error:
         raise typer.BadParameter(f"the server needs its extra: pip install 'kvboost-rag[server]' ({error})") from None
+    from ..engine.inputs import check_temperature
+    from ..neighbours import embedder_installed
     from ..options import build_engine, check_options
 
     try:
         if options.get("store"):
             options["store"] = store_location(options["store"])
         check_options(options)  # before the model loads, in the engine's words
-        settings = ServerSettings(served_model_name, api_key, max_running, max_waiting)
         if max_running < 1 or max_waiting < 0:
             raise ValueError("--max-running must be >= 1 and --max-waiting >= 0")
+        if neighbours and not embedder_installed():
+            raise ValueError("--neighbours: neighbours are found by the bundled embedder: install kvboost-rag[eval]")
+        settings = ServerSettings(
+            served_model_name,
+            api_key,
+            max_running,
+            max_waiting,
+            check_temperature(temperature),
+            neighbours,
+            _origins(allowed_origins),
+        )
     except (TypeError, ValueError) as error:
         raise typer.BadParameter(str(error)) from error
-    engine = build_engine(options)
-    typer.echo(f"serving {settings.model_name or engine.name} on http://{host}:{port}/v1")
-    uvicorn.run(create_app(engine, settings), host=host, port=port, log_level="warning")
+    try:
+        sock = bind(host, port)  # before the model loads: a taken port fails now
+    except CannotListen as error:
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(1) from None
+    with sock:
+        engine = build_engine(options)
+        app_ = create_app(engine, settings)
+        config = uvicorn.Config(app_, host=host, port=port, log_level=log_level, access_log=True)
+        announce = f"serving {settings.model_name or engine.name} on {url(sock, host)}/v1"
+        AnnouncingServer(config, lambda: typer.echo(announce)).run(sockets=[sock])

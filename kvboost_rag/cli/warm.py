@@ -77,6 +77,7 @@ def warm(
 
     A file that cannot be read, or a document that cannot be warmed, is reported by file and
     record and skipped; the rest are warmed and the exit status is 1 (--fail-fast: stop there).
+    Files of other types in a folder are skipped, and named.
     """
     from tqdm import tqdm
 
@@ -87,10 +88,13 @@ def warm(
 
     try:
         options["store"] = store_location(options.get("store"))
-        files = document_files(paths)
+        found = document_files(paths)
         check_options(options)  # before the model loads, in the engine's words
     except (TypeError, ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from error
+    if found.skipped:
+        typer.echo(found.skipped_line(), err=True)
+    files = found.files
     failures = _Failures(fail_fast)
     documents: list[tuple[Path, str, str]] = []  # (file, record, text)
     for path in files:

@@ -64,6 +64,7 @@ class Decoder:
         params = request.params
         assert request.logits is not None  # set by the prefill, before the decode (and by every step)
         generator = params.generator(request.logits.device)
+        seen = params.seen_tokens(request.tokens, request.logits)  # the repetition penalty's; None: off
         detokenizer = Detokenizer(self.tokenizer)
         mark = time.perf_counter()
         while True:
@@ -71,7 +72,9 @@ class Decoder:
                 self.go_exact(request)
                 observer.on_exact(request)
                 mark = time.perf_counter()
-            token = sample_token(request.logits, params, generator)
+            token = sample_token(request.logits, params, generator, seen)
+            if seen is not None:
+                seen[token] = True
             observer.on_token(request, token)
             if not request.generated:  # the first token: an end-of-sequence one breaks out below
                 request.timings.sample_s = time.perf_counter() - mark

@@ -170,7 +170,8 @@ class KVBoostRAG:
         return self._warmer.warm_together(checked, pin=pin, neighbours_from=neighbours_from)
 
     def _record_settings(self) -> None:
-        self._settings_recorded = self._settings_recorded or record_settings(self.store, self.fingerprint, self.config)
+        if not self._settings_recorded:
+            self._settings_recorded = record_settings(self.store, self.keys, self.config, self.name)
 
     # generation --------------------------------------------------------------------------
     def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:

@@ -127,6 +127,21 @@ def check_top_p(value: Any) -> float:
     return top_p
 
 
+def check_min_p(value: Any) -> float:
+    min_p = check_real(value, "min_p")
+    if not 0 <= min_p <= 1:  # also catches NaN
+        raise ValueError(f"min_p must be in [0, 1], got {value!r}")
+    return min_p
+
+
+def check_repetition_penalty(value: Any) -> float:
+    """Finite and > 0: it divides (or multiplies) logits, so 0 or inf would wipe them out."""
+    penalty = check_real(value, "repetition_penalty")
+    if not (math.isfinite(penalty) and penalty > 0):
+        raise ValueError(f"repetition_penalty must be finite and > 0, got {value!r}")
+    return penalty
+
+
 def check_seed(value: Any) -> int | None:
     """None or an integer torch can seed with; checked here, not when the decode starts."""
     if value is None:

@@ -1,5 +1,5 @@
-"""Writing an eval's results: terminal table, JSON, Markdown and a plot of the frontier
-(EM and agreement against whole-answer time)."""
+"""Writing an eval's results: the terminal table, JSON and Markdown (short table first, every
+column below it) and the frontier plot (`eval/plot.py`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from .plot import plot
 from .run import run_info
 from .runner import CLEAR_MARGIN, EvalReport
 
@@ -35,85 +36,81 @@ COLUMNS = [
 ]
 
 
-def rows(report: EvalReport) -> list[list[str]]:
+# The columns a user decides on (a subset of COLUMNS, in its order): the terminal's table and
+# the Markdown's first; every column stays in the Markdown below it and in the JSON.
+SHORT = (
+    "questions",
+    "em",
+    "em_diff_vs_full",
+    "first_token_agreement",
+    "answer_agreement",
+    "retention",
+    "ttft_ratio_vs_full",
+    "total_ratio_vs_full",
+    "recomputed_share",
+)
+SHORT_COLUMNS = [column for column in COLUMNS if column[0] in SHORT]
+
+
+def rows(report: EvalReport, columns: list[tuple[str, str, str]] = COLUMNS) -> list[list[str]]:
+    """One row a variant, the EM diff with its paired 95% interval."""
     summary = report.summary()
     table = []
     for name, stats in summary.items():
-        row = [name] + [fmt.format(stats[key]) for key, _, fmt in COLUMNS]
-        if name != "full":
-            row[3] += f" [{stats['em_diff_ci95_low']:+.1%}, {stats['em_diff_ci95_high']:+.1%}]"
+        row = [name]
+        for key, _, fmt in columns:
+            cell = fmt.format(stats[key])
+            if key == "em_diff_vs_full" and name != "full":
+                cell += f" [{stats['em_diff_ci95_low']:+.1%}, {stats['em_diff_ci95_high']:+.1%}]"
+            row.append(cell)
         table.append(row)
     return table
 
 
-def format_table(report: EvalReport) -> str:
-    header = ["variant"] + [title for _, title, _ in COLUMNS]
-    body = rows(report)
+def _header(columns: list[tuple[str, str, str]]) -> list[str]:
+    return ["variant"] + [title + (" [95%]" if key == "em_diff_vs_full" else "") for key, title, _ in columns]
+
+
+def format_table(report: EvalReport, full: bool = False) -> str:
+    """The terminal's table: the short columns unless `full`."""
+    columns = COLUMNS if full else SHORT_COLUMNS
+    header, body = _header(columns), rows(report, columns)
     widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in [header, *body]]
     return "\n".join(lines)
 
 
+def _markdown_table(report: EvalReport, columns: list[tuple[str, str, str]]) -> list[str]:
+    header = _header(columns)
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows(report, columns)
+    ]
+
+
 def markdown(report: EvalReport) -> str:
-    header = ["variant"] + [title for _, title, _ in COLUMNS]
+    """What a user decides on first (the short table), every column under its own heading below."""
     lines = [
         "# kvboost-rag eval",
         "",
         "Settings: " + ", ".join(f"{k}={v}" for k, v in report.settings.items()),
         "",
-        "EM diff is paired against full prefill on the same questions, with its 95% interval.",
+        "EM diff is paired against full prefill on the same questions, with its 95% interval; one question"
+        " moves EM by 100/n points. Agreement: the same first token, or the same whole answer, as full"
+        " prefill's. Retention: the share of full prefill's right answers kept. x full: median time over"
+        " full prefill's. Recomputed: tokens computed again though a cache held them, per prompt token.",
+        "",
+        "## Summary",
+        "",
+        *_markdown_table(report, SHORT_COLUMNS),
+        "",
+        "## All columns",
+        "",
         f"'clear': questions whose full-prefill first token leads the runner-up by >= {CLEAR_MARGIN:g} in"
         " probability; the others are near-ties that any small change can flip.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        *_markdown_table(report, COLUMNS),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(report)]
     return "\n".join(lines) + "\n"
-
-
-def plot(report: EvalReport, path: Path) -> None:
-    """The frontier: EM, and agreement with full prefill, against whole-answer time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = report.summary()
-    figure, (em_axis, agree_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
-    panels = (
-        (em_axis, "em", "EM (best subspan)"),
-        (agree_axis, "first_token_agreement", "agreement with full prefill"),
-    )
-    sweep = sorted(
-        (float(name.split("@")[1]), stats) for name, stats in summary.items() if name.startswith("cacheblend@")
-    )
-    for axis, key, label in panels:
-        if sweep:
-            xs, ys = [s["total_ratio_vs_full"] for _, s in sweep], [s[key] for _, s in sweep]
-            axis.plot(xs, ys, "--", color="grey", zorder=1)
-            for (rho, stats), x, y in zip(sweep, xs, ys):
-                axis.annotate(f"rho={rho:g}", (x, y), fontsize=7, color="grey")
-        for name, stats in summary.items():
-            if name.startswith("cacheblend@"):
-                continue
-            x = stats["total_ratio_vs_full"]
-            axis.scatter(x, stats[key], s=40, zorder=2)
-            axis.annotate(name, (x, stats[key]), xytext=(4, 4), textcoords="offset points", fontsize=8)
-            if key == "first_token_agreement" and name != "full":
-                axis.scatter(x, stats["answer_agreement"], s=25, marker="x", color="black", zorder=2)
-        axis.axvline(1.0, color="grey", linewidth=0.5)
-        axis.set_xlabel("median whole-answer time / full prefill's")
-        axis.set_ylabel(label + (" (dot: first token, x: whole answer)" if key != "em" else ""))
-        axis.grid(alpha=0.3)
-    n = int(summary.get("full", {}).get("questions", 0))
-    title = f"{report.settings.get('data', '')} k={report.settings.get('k', '')}, {n} questions"
-    if sweep:
-        title += f" (dashed: CacheBlend rho sweep on the first {int(sweep[0][1]['questions'])})"
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 def write(report: EvalReport, out_dir: Path, stem: str) -> dict[str, Path]:

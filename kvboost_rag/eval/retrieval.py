@@ -48,7 +48,7 @@ class PassageIndex:
         if cached.is_file():
             embeddings = np.load(cached)
         else:
-            embeddings = embed(texts, embedder, batch_size)
+            embeddings = embed(texts, embedder, batch_size, label="embedding the corpus (once; cached)")
             cached.parent.mkdir(parents=True, exist_ok=True)
             staging = cached.with_suffix(f".tmp{os.getpid()}.npy")
             np.save(staging, embeddings)

@@ -135,6 +135,7 @@ def run_eval(
     chat: bool = True,
     max_new_tokens: int = 32,
     progress: Callable[[Iterable[int]], Iterable[int]] = lambda it: it,
+    stage: Callable[[str], None] = lambda what: None,
     settings: dict[str, Any] | None = None,
     neighbours_for: Callable[[str], list[str]] | None = None,
     warm_groups: list[list[str]] | None = None,
@@ -142,7 +143,8 @@ def run_eval(
     """Answer every example with every variant; `passages_for(i)` gives example i's documents,
     warmed after `neighbours_for(document)` where given; `warm_alone` variants read a second store
     of the same documents warmed alone. `warm_groups` are warmed together first (`warm_together`),
-    so the per-question warming finds their members warm."""
+    so the per-question warming finds their members warm. `stage` hears what runs now ("warming",
+    "answering: <variant>"), for a progress bar to show."""
     if not variants or variants[0].mode != "full":
         raise ValueError("the first variant must be full prefill: every other is measured against it")
     report = EvalReport(settings=dict(settings or {}))
@@ -151,14 +153,17 @@ def run_eval(
     if neighbours_for is not None and any(v.warm_alone for v in [*variants, *(sweep or [])]):
         alone = KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store=MEMORY_ONLY), name=engine.name)
     if warm_groups:
+        stage(f"warming {len(warm_groups)} neighbour groups together")
         engine.warm_together(warm_groups)
     if examples:
+        stage("warming the template")
         warm_template_head(engine, passages_for(0)[0], template, chat, neighbours_for)
         if alone is not engine:
             warm_template_head(alone, passages_for(0)[0], template, chat)
     for i in progress(range(len(examples))):
         example = examples[i]
         documents = passages_for(i)
+        stage("warming")
         engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
         if alone is not engine:
             alone.warm(documents)
@@ -166,10 +171,12 @@ def run_eval(
         random.Random(f"{seed}:{i}").shuffle(documents)
         prompt = rag_prompt(example.question, documents, template, chat)
         todo = variants[1:] + (sweep or [] if i < sweep_questions else [])
+        stage(f"answering: {variants[0].name}")
         reference = _answer(engine, prompt, variants[0], max_new_tokens)
         results = {variants[0].name: reference}
         shift = i % max(len(todo), 1)
         for variant in todo[shift:] + todo[:shift]:  # rotate the order: none always runs first
+            stage(f"answering: {variant.name}")
             results[variant.name] = _answer(alone if variant.warm_alone else engine, prompt, variant, max_new_tokens)
         for name, result in results.items():
             report.records.setdefault(name, []).append(_record(i, example, result, reference))

@@ -39,24 +39,60 @@ class Baseline:
         return self.repair if self.repair.strategy == "cacheblend" else RepairConfig()
 
 
-Builder = Callable[[Baseline], Variant]
+@dataclass(slots=True, frozen=True)
+class Builder:
+    """A variant's one-line description beside how it is built: `--help` lists the registry
+    itself, so the help never drifts from what the names run."""
+
+    about: str
+    build: Callable[[Baseline], Variant]
+
+    def __call__(self, baseline: Baseline) -> Variant:
+        return self.build(baseline)
+
+
 VARIANTS: dict[str, Builder] = {
-    "full": lambda b: Variant("full", "full"),
-    "prefix": lambda b: Variant("prefix", "prefix"),
-    "none": lambda b: Variant("none", "reuse", RepairConfig(strategy="none"), OFF),
-    "boundary": lambda b: Variant(
-        "boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=b.repair.boundary_tokens), OFF
+    "full": Builder("full prefill, the reference", lambda b: Variant("full", "full")),
+    "prefix": Builder("prefix caching: reuse up to the first difference", lambda b: Variant("prefix", "prefix")),
+    "none": Builder(
+        "reused KV, nothing recomputed", lambda b: Variant("none", "reuse", RepairConfig(strategy="none"), OFF)
     ),
-    # EPIC's upper setting: the first 32 tokens of every moved run
-    "boundary32": lambda b: Variant("boundary32", "reuse", RepairConfig(strategy="boundary", boundary_tokens=32), OFF),
-    "cacheblend": lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
-    "default": lambda b: Variant("default", "reuse", b.repair, b.exactness),
-    "plain": lambda b: Variant("plain", "reuse", b.repair, b.exactness, warm_alone=True),
+    "boundary": Builder(
+        "recompute each moved run's first tokens (EPIC)",
+        lambda b: Variant(
+            "boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=b.repair.boundary_tokens), OFF
+        ),
+    ),
+    "boundary32": Builder(  # EPIC's upper setting
+        "boundary with 32 tokens a run",
+        lambda b: Variant("boundary32", "reuse", RepairConfig(strategy="boundary", boundary_tokens=32), OFF),
+    ),
+    "cacheblend": Builder(
+        "CacheBlend alone: recompute the most deviating tokens",
+        lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
+    ),
+    "default": Builder(
+        "the engine as configured, documents warmed after neighbours",
+        lambda b: Variant("default", "reuse", b.repair, b.exactness),
+    ),
+    "plain": Builder(
+        "the engine as configured, documents warmed alone",
+        lambda b: Variant("plain", "reuse", b.repair, b.exactness, warm_alone=True),
+    ),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)
-    "verify": lambda b: Variant("verify", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=None)),
-    "refresh": lambda b: Variant("refresh", "reuse", b.cacheblend, ExactnessConfig(verify_margin=0.0, refresh=True)),
-    "exact": lambda b: Variant("exact", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=1, refresh=True)),
+    "verify": Builder(
+        "CacheBlend, near-tied tokens verified on exact KV",
+        lambda b: Variant("verify", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=None)),
+    ),
+    "refresh": Builder(
+        "CacheBlend, prompt recomputed after the first token",
+        lambda b: Variant("refresh", "reuse", b.cacheblend, ExactnessConfig(verify_margin=0.0, refresh=True)),
+    ),
+    "exact": Builder(
+        "CacheBlend, verify and refresh: full prefill's answer",
+        lambda b: Variant("exact", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=1, refresh=True)),
+    ),
 }
 
 
@@ -66,7 +102,15 @@ def _verifying(baseline: Baseline) -> ExactnessConfig:
     return replace(baseline.exactness, verify_margin=margin, refresh=False)
 
 
-DEFAULT_VARIANTS = ("full", "none", "boundary", "cacheblend", "default")
+# What a user decides between (reuse as configured, with and without neighbours, against full
+# prefill), sized for a CPU: each variant answers every question once more.
+DEFAULT_VARIANTS = ("full", "default", "plain")
+
+
+def described() -> str:
+    """Every variant's name and description, a line each, for `--help`."""
+    width = max(map(len, VARIANTS))
+    return "\n".join(f"{name:<{width}}  {builder.about}" for name, builder in VARIANTS.items())
 
 
 def variants(names: Iterable[str], baseline: Baseline) -> list[Variant]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +48,20 @@ def default_model_gguf() -> Path:
 
 
 def default_model_dir() -> Path:
-    """The default model as a safetensors folder, converted from its GGUF on first use."""
+    """The default model as a safetensors folder, converted from its GGUF on first use (said on
+    stderr: the first run's progress bars alone would not tell why it takes this long, or where
+    the folder went)."""
     target = cache_dir() / "models" / DEFAULT_MODEL_NAME
     if (target / "config.json").is_file():
         return target
     gguf = default_model_gguf()
+    from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tqdm.write(
+        f"kvboost-rag: converting the default model {DEFAULT_MODEL_NAME} from GGUF, once; cached in {target}",
+        file=sys.stderr,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

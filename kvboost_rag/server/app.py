@@ -4,17 +4,21 @@ Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/health`, and 
 `/kvboost/` (warm documents, store stats, prune). Generation runs in worker threads, so the event
 loop keeps accepting (and refusing, past the queue) while the model works; forward passes of
 concurrent requests take the engine's model lock one at a time.
+
+The schema is at `/openapi.json`; there is no `/docs` page: Swagger UI and ReDoc load their
+scripts from a CDN, which a server without internet cannot reach (a blank page).
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import StreamingResponse
 
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
@@ -22,8 +26,9 @@ from ..engine.inputs import can_be_neighbour
 from ..engine.result import GenerationResult, WarmReport
 from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, HeldDocuments, embedder_installed, found_by
 from .admission import Admission, RunningSlot
+from .bodies import JSONBodies
 from .errors import APIError, install_handlers
-from .options import stream_arguments
+from .options import DEFAULT_TEMPERATURE, stream_arguments
 from .responses import ChunkWriter, chat_completion, new_id, text_completion
 from .schemas import ChatCompletionRequest, CompletionRequest, PruneRequest, WarmRequest
 
@@ -34,6 +39,10 @@ class ServerSettings:
     api_key: str | None = None
     max_running: int = 4  # requests decoding at once (their passes interleave on the model lock)
     max_waiting: int = 16  # requests waiting for a running place; past them, 429
+    temperature: float = DEFAULT_TEMPERATURE  # for requests that name none: OpenAI's default
+    neighbours: int | None = None  # for warm requests that name none (None: 4 where the embedder is installed)
+    # browser origins that may call the server (CORS; "*": any); none by default
+    allowed_origins: tuple[str, ...] = field(default_factory=tuple)
 
 
 def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> FastAPI:
@@ -41,8 +50,22 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     served = settings.model_name or engine.name
     admission = Admission(settings.max_running, settings.max_waiting)
     held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
-    app = FastAPI(title="kvboost-rag", summary="OpenAI-compatible server with position-independent KV reuse")
+    app = FastAPI(
+        title="kvboost-rag",
+        summary="OpenAI-compatible server with position-independent KV reuse",
+        docs_url=None,  # Swagger UI and ReDoc come from a CDN: blank offline; /openapi.json stays
+        redoc_url=None,
+    )
     install_handlers(app)
+    app.add_middleware(JSONBodies, allowed_origins=settings.allowed_origins)
+    if settings.allowed_origins:  # added last: outermost, so preflights are answered first
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
 
     def authorized(request: Request) -> None:
         if settings.api_key is None:
@@ -59,7 +82,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     def start(prompt: Any, body: ChatCompletionRequest | CompletionRequest) -> GenerationStream:
         """The engine's stream, every argument checked: a refusal here is a 4xx before any model work."""
         try:
-            return engine.stream(prompt, **stream_arguments(body))
+            return engine.stream(prompt, **stream_arguments(body, settings.temperature))
         except PromptTooLongError as error:
             raise APIError(400, str(error), param="messages", code="context_length_exceeded") from None
         except (TypeError, ValueError) as error:
@@ -115,7 +138,9 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     @app.post("/kvboost/warm", dependencies=[Depends(authorized)])
     async def warm(body: WarmRequest) -> dict[str, Any]:
         try:
-            report = await anyio.to_thread.run_sync(lambda: warm_with_neighbours(engine, body, held))
+            report = await anyio.to_thread.run_sync(
+                lambda: warm_with_neighbours(engine, body, held, settings.neighbours)
+            )
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error), param="documents") from None
         return {**asdict(report), "encoded_documents": report.encoded_documents}
@@ -177,11 +202,13 @@ async def _events(
         admission.leave()
 
 
-def warm_with_neighbours(engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments) -> WarmReport:
+def warm_with_neighbours(
+    engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments, default: int | None = None
+) -> WarmReport:
     """Each document warmed after its nearest among the request's documents and those this
-    server warmed before, as `kvboost-rag warm` warms a corpus (by default where the bundled
-    embedder is installed; else alone)."""
-    count = body.neighbours
+    server warmed before, as `kvboost-rag warm` warms a corpus: as many as the request says, else
+    `default` (`serve --neighbours`), else 4 where the bundled embedder is installed (else alone)."""
+    count = body.neighbours if body.neighbours is not None else default
     if count is None:
         count = DEFAULT_NEIGHBOURS if embedder_installed() else 0
     elif count and not embedder_installed():

@@ -2,18 +2,31 @@
 
 Every field the OpenAI API defines is named here: the ones we implement are used, the others are
 accepted only at their no-op value (`n` 1, penalties 0, ...) and refused by name otherwise
-(`refuse_unsupported`). A field OpenAI does not define is refused as OpenAI refuses it; ours
-(`kvboost`) come from the option table (`kvboost_rag.options`), by the names every front-end takes.
+(`refuse_unsupported`). Top level too, the sampling fields vLLM and llama-server take beside
+OpenAI's (`top_k`, `min_p`, `repetition_penalty`). Any other field is refused as OpenAI refuses
+it; ours (`kvboost`) come from the option table (`kvboost_rag.options`), by the names every
+front-end takes.
 """
 
 from __future__ import annotations
 
 from dataclasses import is_dataclass
-from typing import Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    create_model,
+)
 
 from ..options import CALL_OPTIONS, Option
+from ..sizes import parse_size
 from .errors import APIError, unsupported
 
 Number = StrictInt | StrictFloat
@@ -65,6 +78,8 @@ class ChatMessage(BaseModel):
 
 # The table's call options that OpenAI's request defines too, by OpenAI's names and ranges.
 OPENAI_OPTIONS = frozenset({"max_tokens", "temperature", "top_p", "seed", "stop"})
+# The table's call options vLLM and llama-server take at the top level too (under `kvboost` as well).
+TOP_LEVEL_EXTRAS = ("top_k", "min_p", "repetition_penalty")
 
 
 def _json_type(option: Option) -> Any:
@@ -108,6 +123,10 @@ class GenerationFields(Strict):
     seed: StrictInt | None = None
     user: StrictStr | None = None  # metadata OpenAI keeps for abuse monitoring; nothing to do here
     kvboost: KVBoostOptions | None = None  # type: ignore[valid-type]
+    # vLLM's and llama-server's: the engine checks their ranges (a 400 in its words)
+    top_k: StrictInt | None = None
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
     # defined by OpenAI, served at their no-op value only
     n: StrictInt | None = None
     logprobs: Any = None
@@ -211,5 +230,10 @@ class WarmRequest(Strict):
     neighbours: StrictInt | None = Field(default=None, ge=0)
 
 
+def _size(value: Any) -> Any:
+    """A size as the command line writes it ("2GiB", "500MB"), or bytes as an integer."""
+    return parse_size(value) if isinstance(value, str) else value
+
+
 class PruneRequest(Strict):
-    budget_bytes: StrictInt = Field(ge=0)
+    budget_bytes: Annotated[StrictInt, BeforeValidator(_size)] = Field(ge=0)

@@ -10,7 +10,7 @@ import warnings
 import torch
 
 from ..config import EngineConfig
-from ..plan.keys import Fingerprint
+from ..plan.keys import Fingerprint, KeySpace
 from .chunk_store import ChunkStore
 from .disk import DiskStore
 from .location import StoreLocations
@@ -77,13 +77,16 @@ def _open_disk(root: str, config: EngineConfig, device: torch.device) -> DiskSto
         return None
 
 
-def record_settings(store: ChunkStore, model: Fingerprint, config: EngineConfig) -> bool:
-    """Write down, in every persistent tier, the settings documents are about to be stored with;
+def record_settings(store: ChunkStore, keys: KeySpace, config: EngineConfig, name: str = "") -> bool:
+    """Write down, in every persistent tier, the settings documents are about to be stored with,
+    and `name` (the model's) for the fingerprints its chunks carry, which `cache stats` shows;
     False where a tier could not be written (a warning; tried again at the next warm)."""
     settings = KeySettings.of(config)
 
     def write(tier: ChunkTier) -> bool:
-        tier.record_settings(model, settings)
+        tier.record_settings(keys.model, settings)
+        if name:
+            tier.record_names((keys.model, keys.document), name)
         return True
 
     return all(store.safely(t, "recording settings", functools.partial(write, t), False) for t in store.tiers)

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey
-from .entry import ChunkEntry, DocumentRecord
 from .settings import KeySettings
+
+if TYPE_CHECKING:
+    from .entry import ChunkEntry, DocumentRecord  # torch: not for `cache stats`, which reads ModelStats
 
 
 @dataclass(slots=True)
 class ModelStats:
-    """What a tier holds of one model's documents."""
+    """What a tier holds of one model's documents; `model`: the name of the model that wrote them
+    ("" where the store did not record one)."""
 
     fingerprint: str
     documents: int
     chunks: int
     bytes: int
     pinned_chunks: int
+    model: str = ""
 
 
 class ChunkTier(Protocol):
@@ -67,6 +71,10 @@ class ChunkTier(Protocol):
         """The key settings documents of this model were written with."""
 
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None: ...
+
+    def record_names(self, fingerprints: Iterable[Fingerprint], name: str) -> None:
+        """Record the name of the model that writes chunks of these fingerprints: stats show it, as
+        a fingerprint alone names nothing a user knows."""
 
     # maintenance (may scan the tier: never on a request's path) --------------------------
     def stats(self) -> list[ModelStats]:

@@ -1,4 +1,5 @@
-"""Key settings recorded by a store, and how an engine's config is reconciled with them."""
+"""Key settings recorded by a store, and how an engine's config is reconciled with them; the model
+names it records for stats."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from kvboost_rag.config import EngineConfig
 from kvboost_rag.store.chunk_store import ChunkStore
 from kvboost_rag.store.disk import DiskStore
+from kvboost_rag.store.disk.recovery import rebuild_index
 from kvboost_rag.store.open import open_store, record_settings
 from kvboost_rag.store.settings import KeySettings, StoreSettingsError, reconcile
 
@@ -98,7 +100,7 @@ def test_open_store_adopts_what_an_earlier_engine_recorded(fakes, tmp_path) -> N
     first_config = EngineConfig(store=root, chunk_size=64, match_window=8, chunking="semantic")
     store, config = open_store(first_config, fakes.model_fp, torch.device("cpu"))
     assert config is first_config and len(store.tiers) == 1 and store.match_window == 8
-    record_settings(store, fakes.model_fp, config)
+    record_settings(store, fakes.keys, config)
     store.tiers[0].close()
 
     store, config = open_store(EngineConfig(store=root), fakes.model_fp, torch.device("cpu"))
@@ -124,7 +126,27 @@ def test_a_memory_only_store_has_no_tier() -> None:
 def test_record_settings_reaches_every_tier(fakes, tmp_path) -> None:
     disks = [DiskStore(tmp_path / name, match_window=4) for name in "ab"]
     store = ChunkStore(1 << 20, 4, tiers=disks)
-    record_settings(store, fakes.model_fp, EngineConfig(chunk_size=32, match_window=4))
+    record_settings(store, fakes.keys, EngineConfig(chunk_size=32, match_window=4), name="unit-test-model")
     for disk in disks:
         assert disk.recorded_settings(fakes.model_fp) == [KeySettings("fixed", 32, 16, None, "")]
+        assert disk.index.model_names() == {fakes.model_fp: "unit-test-model", fakes.doc_fp: "unit-test-model"}
         disk.close()
+
+
+def test_model_names_label_stats_and_survive_an_index_rebuild(fakes, tmp_path) -> None:
+    disk = DiskStore(tmp_path / "store", match_window=4)
+    document = fakes.document(32, band=1)
+    for entry in document.entries:
+        disk.put(entry)
+    disk.put_document(document.record)
+    assert [row.model for row in disk.stats()] == [""], "no name recorded yet"
+    disk.record_names([fakes.model_fp, fakes.doc_fp], "first")
+    disk.record_names([fakes.doc_fp], "renamed")
+    assert [(row.fingerprint, row.model) for row in disk.stats()] == [(fakes.doc_fp.hex()[:16], "renamed")]
+    disk.close()
+    (disk.root / "index.sqlite").unlink()
+    rebuild_index(disk.root)
+    rebuilt = DiskStore(disk.root)
+    assert rebuilt.index.model_names() == {fakes.model_fp: "first", fakes.doc_fp: "renamed"}
+    assert [row.model for row in rebuilt.stats()] == ["renamed"]
+    rebuilt.close()

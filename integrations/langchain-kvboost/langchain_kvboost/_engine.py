@@ -1,7 +1,8 @@
 """What the chat model and the LLM share: the options, the engine built from them, one call.
 
 The option fields come from `kvboost_rag.options.OPTIONS`, the table the LlamaIndex package, the
-command line and the server read too, so all take the same names.
+command line and the server read too, so all take the same names; an option not given comes from
+its KVBOOST_RAG_<OPTION> variable, as the server's do (`kvboost_rag.environment`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
+from kvboost_rag.environment import with_environment
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage, reuse_details
 from kvboost_rag.options import OPTIONS, build_engine, check_options, known_options, stream_options
 
@@ -62,17 +64,22 @@ class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
     @model_validator(mode="after")
     def _check_values(self) -> EngineFields:
         """Bad values fail here, not at the first call after loading the model."""
-        check_options(self.option_values(), shared_engine=self.engine is not None)
+        shared = self.engine is not None
+        check_options(self.option_values() if shared else self.build_values(), shared_engine=shared)
         return self
 
     def option_values(self) -> dict[str, Any]:
         return {o.name: getattr(self, o.name) for o in OPTIONS}
 
+    def build_values(self) -> dict[str, Any]:
+        """What an engine is built from: the fields, KVBOOST_RAG_<OPTION> for those not given."""
+        return with_environment(self.option_values(), self.model_fields_set)
+
     def get_engine(self) -> KVBoostRAG:
         if self.engine is not None:
             return self.engine
         if self._engine is None:
-            self._engine = build_engine(self.option_values())
+            self._engine = build_engine(self.build_values())
         return self._engine
 
     def get_token_ids(self, text: str) -> list[int]:
@@ -87,7 +94,9 @@ class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
 
     @property
     def model_label(self) -> str:
-        return self.model or (self.engine.name if self.engine is not None else DEFAULT_MODEL_LABEL)
+        if self.engine is not None:
+            return self.model or self.engine.name
+        return self.build_values().get("model") or DEFAULT_MODEL_LABEL
 
     def open_stream(self, prompt: Any, stop: list[str] | None, **kwargs: Any) -> GenerationStream:
         """The engine's stream of text deltas; `.result` once exhausted. Call options win."""

@@ -34,4 +34,4 @@ class KVBoostRetrievalWarmer(BaseCallbackHandler):
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any) -> None:
         texts = [d.page_content for d in documents]
         nearest = retrieved_together(texts, self.neighbours) if self.neighbours != 0 else None
-        self.warmed_documents += warm_quietly(self.engine, texts, nearest).encoded_documents
+        self.warmed_documents += warm_quietly(self.engine, texts, nearest, show_progress=False).encoded_documents

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.tools import BaseTool
 
+from kvboost_rag.frameworks.text_only import refuse_media
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage, sum_usage
 from langchain_kvboost._engine import EngineFields, response_metadata, usage_metadata
 
@@ -31,6 +33,31 @@ class ChatKVBoost(EngineFields, BaseChatModel):
     @property
     def _llm_type(self) -> str:
         return "kvboost-chat"
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> NoReturn:
+        """Refused with what to use instead: the engine generates text and has no tool calling."""
+        raise NotImplementedError(
+            "ChatKVBoost has no tool calling: the reuse engine generates plain text. Give the agent or "
+            "tool-calling step a chat model that supports bind_tools, and keep ChatKVBoost for the "
+            "answer step of the retrieval chain, where the warmed documents are reused."
+        )
+
+    def with_structured_output(
+        self, schema: dict[str, Any] | type, *, include_raw: bool = False, **kwargs: Any
+    ) -> NoReturn:
+        """Refused with what to use instead: LangChain builds structured output on tool calling."""
+        raise NotImplementedError(
+            "ChatKVBoost has no with_structured_output (it needs tool calling or a JSON mode, which the "
+            "engine lacks). Ask for the format in the prompt and parse the text: "
+            "parser = PydanticOutputParser(pydantic_object=Schema); "
+            "prompt.partial(format_instructions=parser.get_format_instructions()) | chat | parser"
+        )
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -106,11 +133,16 @@ class ChatKVBoost(EngineFields, BaseChatModel):
 
 
 def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages as chat-template messages (text parts only)."""
+    """LangChain messages as chat-template messages: their text; an image or file part is a
+    ValueError, since the model would answer without seeing it."""
     chat = []
-    for message in messages:
+    for index, message in enumerate(messages):
         role = ROLES.get(message.type)
         if role is None:
             raise ValueError(f"unsupported message type {message.type!r}")
+        if isinstance(message.content, list):
+            for part in message.content:
+                if isinstance(part, dict):
+                    refuse_media(part.get("type"), index, "ChatKVBoost")
         chat.append({"role": role, "content": message.text})
     return chat

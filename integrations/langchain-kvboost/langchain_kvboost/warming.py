@@ -19,6 +19,7 @@ def warm_documents(
     *,
     vectorstore: VectorStore | None = None,
     neighbours: int | None = None,
+    show_progress: bool | None = None,
     **kwargs: Any,
 ) -> WarmReport:
     """Warm each document's page_content; call it where documents go into a vector store:
@@ -30,7 +31,8 @@ def warm_documents(
     (default 4; 0: alone), as it will stand among them in prompts (FusionRAG): its reused KV is
     then closer to full prefill's, so prompts need less repair, at (neighbours + 1)x the warming
     work. Without one, each is warmed alone. A document that cannot be warmed becomes a warning:
-    warming must never fail ingestion.
+    warming must never fail ingestion. `show_progress`: a bar while warming, which can take
+    minutes (None: from 10 documents).
     """
     if neighbours is not None and neighbours < 0:
         raise ValueError(f"neighbours must be >= 0, got {neighbours}")
@@ -45,4 +47,6 @@ def warm_documents(
 
     texts = (d.page_content for d in documents)
     how = found_by(type(vectorstore).__name__, neighbours)
-    return warm_quietly(engine, texts, nearest if neighbours else None, neighbours_from=how, **kwargs)
+    return warm_quietly(
+        engine, texts, nearest if neighbours else None, neighbours_from=how, show_progress=show_progress, **kwargs
+    )

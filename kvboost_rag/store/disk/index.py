@@ -1,9 +1,10 @@
 """The disk tier's index: one SQLite database (WAL) that several processes read and write.
 
 Tables: `meta` (schema version, match window), `settings` (the key settings each model's
-documents were written with), `entries` (one row per chunk file), `windows` (window key ->
-chunk, the approximate-matching index) and `documents`. Every query is by index: nothing here
-scans the stored chunks on a request's path.
+documents were written with), `models` (the name of the model chunks of a fingerprint came
+from), `entries` (one row per chunk file), `windows` (window key -> chunk, the
+approximate-matching index) and `documents`. Every query is by index: nothing here scans the
+stored chunks on a request's path.
 """
 
 from __future__ import annotations
@@ -15,16 +16,22 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...plan.keys import ContentHash, Fingerprint, WindowKey
-from ..entry import DocumentRecord
 from ..settings import SCHEMA_VERSION, KeySettings
 from ..tier import ModelStats
+
+if TYPE_CHECKING:
+    from ..entry import DocumentRecord  # torch: not for `cache stats`, which opens the index alone
+
+INDEX_FILE = "index.sqlite"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (
     model BLOB NOT NULL, settings TEXT NOT NULL, PRIMARY KEY (model, settings));
+CREATE TABLE IF NOT EXISTS models (model BLOB PRIMARY KEY, name TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
     content_hash BLOB PRIMARY KEY, fingerprint BLOB NOT NULL, prefix_hash BLOB, base_position INTEGER NOT NULL,
     next_chunk BLOB, tokens BLOB NOT NULL, nbytes INTEGER NOT NULL, importance REAL NOT NULL, file TEXT NOT NULL,
@@ -138,6 +145,19 @@ class DiskIndex:
                 "INSERT OR IGNORE INTO settings (model, settings) VALUES (?, ?)", (model, settings.to_json())
             )
 
+    def record_name(self, fingerprint: Fingerprint, name: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO models (model, name) VALUES (?, ?)", (fingerprint, name))
+
+    def model_names(self) -> dict[bytes, str]:
+        """Each model's recorded name; none from a store written before names were (opened read-only,
+        it lacks the table)."""
+        with self._lock:
+            try:
+                return {bytes(model): name for model, name in self._db.execute("SELECT model, name FROM models")}
+            except sqlite3.OperationalError:
+                return {}
+
     # entries -----------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
         with self._lock:
@@ -243,7 +263,11 @@ class DiskIndex:
                 "(SELECT COUNT(*) FROM documents d WHERE d.fingerprint = e.fingerprint) "
                 "FROM entries e GROUP BY e.fingerprint"
             ).fetchall()
-        return [ModelStats(bytes(fp).hex()[:16], docs, chunks, size, pinned) for fp, chunks, size, pinned, docs in rows]
+        names = self.model_names()
+        return [
+            ModelStats(bytes(fp).hex()[:16], docs, chunks, size, pinned, names.get(bytes(fp), ""))
+            for fp, chunks, size, pinned, docs in rows
+        ]
 
     def total_bytes(self) -> int:
         with self._lock:

@@ -81,6 +81,8 @@ def rebuild_index(root: Path) -> RecoveryReport:
         report.rebuilt_chunks += index.insert(row, path.stat().st_size, [(k, i * window) for i, k in enumerate(keys)])
     for item in read_sidecars(root, "settings"):
         index.record_settings(Fingerprint(bytes.fromhex(item["model"])), KeySettings.from_json(item["settings"]))
+    for item in read_sidecars(root, "names"):
+        index.record_name(Fingerprint(bytes.fromhex(item["fingerprint"])), item["name"])
     for item in read_sidecars(root, "documents"):
         chunks = tuple(ContentHash(bytes.fromhex(c)) for c in item["chunks"])
         if index.count_present(list(chunks)) == len(set(chunks)):

@@ -1,5 +1,5 @@
 """Small JSON files beside the index that hold what it cannot lose: the store's manifest, each
-document record and each model's key settings. With the chunk files (which hold their own rows)
+document record, each model's key settings and name. With the chunk files (which hold their own rows)
 they are enough to rebuild a damaged or deleted index (`recovery.py`)."""
 
 from __future__ import annotations
@@ -57,3 +57,7 @@ def document_json(record: DocumentRecord) -> str:
 
 def settings_json(model: Fingerprint, settings: KeySettings) -> str:
     return json.dumps({"model": model.hex(), "settings": settings.to_json()})
+
+
+def names_json(fingerprint: Fingerprint, name: str) -> str:
+    return json.dumps({"fingerprint": fingerprint.hex(), "name": name})

@@ -23,10 +23,9 @@ from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, indexe
 from ..entry import ChunkEntry, DocumentRecord
 from ..format import deserialize, serialize, to_device, write_atomically
 from ..settings import KeySettings
-from .index import DiskIndex, EntryRow, ModelStats
-from .sidecars import MANIFEST_FILE, document_json, settings_json, write_manifest, write_sidecar
-
-INDEX_FILE = "index.sqlite"
+from .index import INDEX_FILE, DiskIndex, EntryRow, ModelStats
+from .sidecars import MANIFEST_FILE, document_json, names_json, settings_json, write_manifest, write_sidecar
+from .summary import orphan_files
 
 
 @dataclass(slots=True)
@@ -80,6 +79,12 @@ class DiskStore:
             self.index.record_settings(model, settings)
             key = model + settings.to_json().encode()
             write_sidecar(self.root, "settings", key, settings_json(model, settings))
+
+    def record_names(self, fingerprints: Iterable[Fingerprint], name: str) -> None:
+        if not self.read_only:
+            for fingerprint in fingerprints:
+                self.index.record_name(fingerprint, name)
+                write_sidecar(self.root, "names", fingerprint, names_json(fingerprint, name))
 
     # chunks ------------------------------------------------------------------------------
     def contains(self, key: ContentHash) -> bool:
@@ -160,9 +165,7 @@ class DiskStore:
 
     def orphan_files(self) -> int:
         """Chunk files no index row names (a write killed before indexing; `verify` removes them)."""
-        indexed = self.index.files()
-        files = (p for p in (self.root / "kv").rglob("*") if p.is_file())
-        return sum(str(p.relative_to(self.root)) not in indexed for p in files)
+        return orphan_files(self.root, self.index)
 
     def verify(self, orphan_age_s: float = 600.0) -> VerifyReport:
         """Load every indexed chunk (checksums), drop the bad ones, and remove files no row points

@@ -122,6 +122,16 @@ class NamespaceConnection:
         return self.call(lambda: list(client.scan_iter(match=pattern, count=1000)))
 
 
+def namespace_exists(location: RedisLocation) -> bool:
+    """Whether anything was ever written in the namespace (it has a manifest), asked without
+    claiming it: maintenance commands on a mistyped namespace create nothing."""
+    client = _client(location)
+    try:
+        return bool(client.exists(KeyLayout(location.namespace, DEFAULT_SHARDS).manifest))
+    finally:
+        client.close()
+
+
 def _client(location: RedisLocation) -> redis.Redis | RedisCluster:
     extra = {"password": location.password} if location.password else {}
     if location.cluster:

@@ -44,6 +44,11 @@ class KeyLayout:
     def settings(self, model: bytes) -> str:
         return "{%s:meta}:settings:%s" % (self.namespace, model.hex())
 
+    @property
+    def models(self) -> str:
+        """The hash of model names (chunk fingerprint hex -> the name of the model that wrote them)."""
+        return "{%s:meta}:models" % self.namespace
+
     def pattern(self, kind: str) -> str:
         """A SCAN pattern for one kind of key of this namespace (maintenance only, never matching)."""
         return "{%s:*}:%s:*" % (self.namespace, kind)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from ...plan.keys import ContentHash
 from ..entry import ChunkEntry
@@ -33,12 +34,15 @@ def model_stats(connection: NamespaceConnection) -> list[ModelStats]:
         record = json.loads(text)
         documents, chunks = by_model.get(record["fingerprint"], (0, set()))
         by_model[record["fingerprint"]] = (documents + 1, chunks | {bytes.fromhex(c) for c in record["chunks"]})
+    recorded = cast("dict[bytes, bytes]", connection.call(lambda: connection.client.hgetall(connection.layout.models)))
+    names = {k.decode(): v.decode() for k, v in recorded.items()}
     rows = []
     for fingerprint, (documents, chunks) in sorted(by_model.items()):
         sizes, ttls = _sizes_and_ttls(connection, chunks)
         present = [s for s in sizes if s]
         pinned = sum(1 for s, t in zip(sizes, ttls) if s and t == -1)
-        rows.append(ModelStats(fingerprint[:16], documents, len(present), sum(present), pinned))
+        name = names.get(fingerprint, "")
+        rows.append(ModelStats(fingerprint[:16], documents, len(present), sum(present), pinned, name))
     return rows
 
 

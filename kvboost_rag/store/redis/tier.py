@@ -110,6 +110,9 @@ class RedisStore:
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
         self._call(lambda: self._client.sadd(self.layout.settings(model), settings.to_json()))
 
+    def record_names(self, fingerprints: Iterable[Fingerprint], name: str) -> None:
+        self._call(lambda: self._client.hset(self.layout.models, mapping={f.hex(): name for f in fingerprints}))
+
     # chunks ------------------------------------------------------------------------------
     def contains(self, key: ContentHash) -> bool:
         return bool(self._call(lambda: self._client.exists(self.layout.chunk(key))))
@@ -172,12 +175,8 @@ class RedisStore:
         importance = entry.value_importance()
         data = serialize(entry, importance)
         keys = self._index_keys(entry.content_hash, entry.prefix_hash, entry.tokens, entry.fingerprint)
-        args: list[bytes | int | str] = [
-            data,
-            entry.content_hash,
-            self.location.ttl_s,
-            "1" if entry.prefix_hash is not None else "0",
-        ]
+        exact = "1" if entry.prefix_hash is not None else "0"
+        args: list[bytes | int | str] = [data, entry.content_hash, self.location.ttl_s, exact]
         return bool(self._call(lambda: self.connection.put_chunk(keys=keys, args=args)))
 
     def remove(self, key: ContentHash) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_kvboost import ChatKVBoost
 
@@ -36,3 +37,19 @@ def test_a_redis_store_warmed_by_the_cli_serves_a_fresh_chat_model_in_a_chain(
     assert usage["input_token_details"]["cache_read"] >= passage_tokens - slack
     assert metadata["reused_approximate_tokens"] >= passage_tokens - slack  # moved: found where they landed
     assert metadata["computed_tokens"] <= usage["input_tokens"] - passage_tokens + slack  # only the rest computed
+
+
+def test_the_store_the_environment_names_serves_chat_kvboost_as_it_serves_the_server(
+    tmp_path: Path, warm_with_cli: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVBOOST_RAG_STORE, which `kvboost-rag serve` reads, is where `ChatKVBoost()` looks too
+    (it used to look in the user cache's store)."""
+    passages = [example.passages[0].as_document() for example in load_qa(limit=2)]
+    store = warm_with_cli(passages, tmp_path)  # a directory under tmp_path
+    monkeypatch.setenv("KVBOOST_RAG_STORE", store)
+
+    chat = ChatKVBoost(dtype="float32", max_tokens=2)  # no store=
+    answer = chat.invoke(f"{passages[1]}\n\n{passages[0]}\n\nWhich is older?")
+    assert chat.get_engine().config.store == store
+    passage_tokens = sum(len(chat.get_engine().tokenizer(p, add_special_tokens=False).input_ids) for p in passages)
+    assert answer.usage_metadata["input_token_details"]["cache_read"] >= passage_tokens - BOUNDARY_TOKENS * 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -22,16 +22,27 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
+from kvboost_rag.environment import with_environment
+from kvboost_rag.frameworks.text_only import refuse_media
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage
 from kvboost_rag.options import OPTIONS, build_engine, check_options, known_options, stream_options
 
 # The option fields from the table the LangChain package, the command line and the server read
-# too: all take the same names.
+# too: all take the same names; one not given comes from its KVBOOST_RAG_<OPTION> variable, as
+# the server's do (`kvboost_rag.environment`).
 _OptionFields: type[CustomLLM] = create_model(  # type: ignore[call-overload]
     "KVBoostOptions",
     __base__=CustomLLM,
     __module__=__name__,
     **{o.name: (o.type, Field(default=o.default, description=o.doc)) for o in OPTIONS},
+)
+
+
+NO_FUNCTION_CALLING = (
+    "KVBoostLLM has no function calling (metadata.is_function_calling_model is False): the reuse engine "
+    "generates text. Use ReActAgent, which calls tools through the prompt (AgentWorkflow.from_tools_or_functions "
+    "picks it for this LLM), or llm.predict_and_call / llm.structured_predict, which LlamaIndex runs through "
+    "the prompt for an LLM without function calling."
 )
 
 
@@ -69,11 +80,16 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
     @model_validator(mode="after")
     def _check_values(self) -> KVBoostLLM:
         """Bad values fail here, not at the first call after loading the model."""
-        check_options(self.option_values(), shared_engine=self.engine is not None)
+        shared = self.engine is not None
+        check_options(self.option_values() if shared else self.build_values(), shared_engine=shared)
         return self
 
     def option_values(self) -> dict[str, Any]:
         return {o.name: getattr(self, o.name) for o in OPTIONS}
+
+    def build_values(self) -> dict[str, Any]:
+        """What an engine is built from: the fields, KVBOOST_RAG_<OPTION> for those not given."""
+        return with_environment(self.option_values(), self.model_fields_set)
 
     @classmethod
     def class_name(cls) -> str:
@@ -84,7 +100,7 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
         if self.engine is not None:
             return self.engine
         if self._own_engine is None:
-            self._own_engine = build_engine(self.option_values())
+            self._own_engine = build_engine(self.build_values())
         return self._own_engine
 
     def tokenize(self, text: str) -> list[int]:
@@ -94,15 +110,35 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
 
     @property
     def metadata(self) -> LLMMetadata:
-        """Reads no tokenizer; loads the engine only when the context window must come from it."""
-        engine = self.engine or self._own_engine
-        name = self.model or (engine.name if engine is not None else "SmolLM2-135M-Instruct")
+        """Reads no tokenizer; loads the engine only when the context window must come from it.
+
+        No function calling: LlamaIndex reads this and runs tools and structured output through
+        the prompt (ReActAgent, LLMTextCompletionProgram), or says the LLM cannot.
+        """
+        if self.engine is not None:
+            name = self.model or self.engine.name
+        else:
+            name = self.build_values().get("model") or "SmolLM2-135M-Instruct"
         return LLMMetadata(
             context_window=self.context_window or self.get_engine().max_context,
             num_output=self.max_tokens,
             is_chat_model=True,
+            is_function_calling_model=False,
             model_name=name,
         )
+
+    # function calling: FunctionCallingLLM's methods, refused with what to use instead ------
+    def chat_with_tools(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(NO_FUNCTION_CALLING)
+
+    async def achat_with_tools(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(NO_FUNCTION_CALLING)
+
+    def stream_chat_with_tools(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(NO_FUNCTION_CALLING)
+
+    async def astream_chat_with_tools(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(NO_FUNCTION_CALLING)
 
     def _open(self, prompt: str | list[dict[str, str]], kwargs: dict[str, Any]) -> GenerationStream:
         """The engine's token stream; call options win over the fields. Bad input raises here."""
@@ -147,7 +183,7 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
 
     # chat: the model's chat template -------------------------------------------------------
     def _chats(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
-        stream = self._open([{"role": m.role.value, "content": m.content or ""} for m in messages], kwargs)
+        stream = self._open(to_chat(messages), kwargs)
 
         def responses() -> ChatResponseGen:
             text = ""
@@ -179,6 +215,15 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         return _in_threads(self._chats(messages, kwargs))
+
+
+def to_chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """Chat-template messages: their text; an image, audio, video or document block is a
+    ValueError, since the model would answer without seeing it."""
+    for index, message in enumerate(messages):
+        for block in message.blocks:
+            refuse_media(getattr(block, "block_type", None), index, "KVBoostLLM")
+    return [{"role": m.role.value, "content": m.content or ""} for m in messages]
 
 
 def _last(responses: Iterator[Any]) -> Any:

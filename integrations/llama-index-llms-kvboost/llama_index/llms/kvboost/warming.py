@@ -37,12 +37,18 @@ class KVBoostWarmTransformation(TransformComponent):
     closer to full prefill's and prompts need less repair, at (N + 1)x the warming work. Before
     the embed model nodes are warmed alone (a warning where `neighbours` was asked for); 0: alone.
     A node that cannot be warmed becomes a warning: warming never fails ingestion.
+
+    `show_progress` (as LlamaIndex's extractors take it): a bar while nodes are warmed, which can
+    take minutes; None follows a `show_progress` the pipeline passes, else shows one from 10 nodes.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     engine: KVBoostRAG = Field(exclude=True)
     neighbours: int | None = Field(
         default=None, ge=0, description="nearest nodes each node is warmed after (None: 4 where nodes are embedded)"
+    )
+    show_progress: bool | None = Field(
+        default=None, description="a progress bar while warming (None: the pipeline's, else from 10 nodes)"
     )
 
     @classmethod
@@ -52,9 +58,9 @@ class KVBoostWarmTransformation(TransformComponent):
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
         texts = [node_text(n) for n in nodes]
         count = DEFAULT_NEIGHBOURS if self.neighbours is None else self.neighbours
-        warm_quietly(
-            self.engine, texts, self._nearest(nodes, texts), neighbours_from=found_by("node embeddings", count)
-        )
+        show = self.show_progress if self.show_progress is not None else kwargs.get("show_progress")
+        how = found_by("node embeddings", count)
+        warm_quietly(self.engine, texts, self._nearest(nodes, texts), neighbours_from=how, show_progress=show)
         return nodes
 
     def _nearest(self, nodes: Sequence[BaseNode], texts: list[str]) -> Callable[[str], list[str]] | None:
@@ -101,7 +107,7 @@ class KVBoostRetrievalWarmer(BaseEventHandler):
         if isinstance(event, RetrievalEndEvent):
             texts = [node_text(n.node) for n in event.nodes]
             nearest = retrieved_together(texts, self.neighbours) if self.neighbours != 0 else None
-            report = warm_quietly(self.engine, texts, nearest)
+            report = warm_quietly(self.engine, texts, nearest, show_progress=False)  # a query's few nodes
             self.warmed_documents += report.encoded_documents
 
 

@@ -1,0 +1,70 @@
+"""The option table's dataclass options in command-line form, so every command that takes them
+reads the same text: `--repair cacheblend:0.05`, `--verify-margin 0.1 --refresh`.
+
+`repair` is one flag, STRATEGY[:AMOUNT]; `exactness` is the eval's three flags (`--verify-margin`,
+`--verify-tokens`, `--refresh`), made into one `ExactnessConfig`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated, Any
+
+import typer
+
+from ..config import REPAIR_STRATEGIES, ExactnessConfig, RepairConfig, RepairStrategy
+
+REPAIR_METAVAR = "STRATEGY[:AMOUNT]"
+
+
+def parse_repair(text: str) -> RepairStrategy | RepairConfig:
+    """'none', 'boundary', 'cacheblend'; 'cacheblend:0.05' recomputes that share of moved tokens
+    for every chunk however it was warmed (the eval's 'cacheblend@0.05'); 'boundary:16' that many
+    tokens at each reused run's start."""
+    strategy, colon, amount = text.strip().partition(":")
+    if strategy not in REPAIR_STRATEGIES:
+        raise typer.BadParameter(f"repair strategy must be one of {', '.join(REPAIR_STRATEGIES)}, got {strategy!r}")
+    if not colon:
+        return strategy
+    try:
+        if strategy == "cacheblend":
+            return RepairConfig("cacheblend", rho=float(amount), rho_after_neighbours=None)
+        if strategy == "boundary":
+            return RepairConfig("boundary", boundary_tokens=int(amount))
+    except ValueError as error:
+        raise typer.BadParameter(f"{text!r}: {error}") from None
+    raise typer.BadParameter(f"{text!r}: 'none' takes no amount")
+
+
+# ExactnessConfig's fields as flags, by the names `kvboost-rag eval` gives them.
+EXACTNESS_FLAGS: dict[str, tuple[Any, str]] = {
+    "verify_margin": (float, "exactness: a leading answer token ahead by less than this is recomputed on exact KV"),
+    "verify_tokens": (int, "exactness: leading answer tokens checked for near-ties (0: none)"),
+    "refresh": (bool, "exactness: recompute the prompt after the first token (the exact answer)"),
+}
+
+
+def exactness_parameters(envvar_prefix: str | None) -> list[inspect.Parameter]:
+    """The exactness flags (None each: the engine's default)."""
+    parameters = []
+    for name, (kind, doc) in EXACTNESS_FLAGS.items():
+        flag = f"--{name.replace('_', '-')}"
+        declarations = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
+        envvar = envvar_prefix + name.upper() if envvar_prefix else None
+        info = typer.Option(*declarations, help=doc, envvar=envvar, show_default=False)
+        annotation: Any = Annotated[kind | None, info]
+        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+    return parameters
+
+
+def pop_exactness(values: dict[str, Any]) -> ExactnessConfig | None:
+    """The exactness flags taken out of a command's values, as one config over the engine's
+    default; None when none was given."""
+    given = {name: values.pop(name) for name in EXACTNESS_FLAGS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return None
+    try:
+        return ExactnessConfig(**given)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None

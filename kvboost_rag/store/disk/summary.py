@@ -1,0 +1,49 @@
+"""What a disk store holds, read from its index alone (no chunk is loaded, torch is not imported):
+`kvboost-rag cache stats` answers at once, and on a path that holds no store creates nothing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..tier import ModelStats
+from .index import INDEX_FILE, DiskIndex
+
+CHUNKS_DIR = "kv"
+
+
+def holds_store(root: Path) -> bool:
+    """Whether `root` holds a store: an index, or chunk files to rebuild one from. Maintenance
+    commands check first: opening a store creates one, and a mistyped path is not a new store."""
+    return (root / INDEX_FILE).is_file() or (root / CHUNKS_DIR).is_dir()
+
+
+def orphan_files(root: Path, index: DiskIndex) -> int:
+    """Chunk files no index row names (a write killed before indexing; `verify` removes them)."""
+    indexed = index.files()
+    files = (p for p in (root / CHUNKS_DIR).rglob("*") if p.is_file())
+    return sum(str(p.relative_to(root)) not in indexed for p in files)
+
+
+@dataclass(slots=True)
+class DiskSummary:
+    root: Path
+    models: list[ModelStats]
+    orphan_files: int
+    read_only: bool
+    has_index: bool  # False: chunk files without an index (`verify` rebuilds it from them)
+
+
+def summarize(root: Path) -> DiskSummary:
+    """The store's models (by name where recorded), chunk and byte counts, and stray files. An index
+    that can be written is opened so (it sees writes still in the log); one that cannot, or a missing
+    one (not created here), read-only."""
+    path = root / INDEX_FILE
+    has_index = path.is_file()
+    read_only = not (has_index and os.access(root, os.W_OK) and os.access(path, os.W_OK))
+    index = DiskIndex(path, read_only=read_only)
+    try:
+        return DiskSummary(root, index.stats(), orphan_files(root, index), read_only, has_index)
+    finally:
+        index.close()
