@@ -48,7 +48,7 @@ bench: install
 	$(PY) benchmarks/bench_ttft.py
 
 eval: install
-	$(VENV)/bin/kvboost-rag eval --k 5 --limit 500 --out benchmarks/results
+	$(VENV)/bin/kvboost-rag eval --k 5 --limit 500 --max-new-tokens 16 --out benchmarks/results/eval  # full, default, plain
 
 clean:
 	rm -rf $(VENV)

@@ -40,8 +40,9 @@ class RepairConfig:
     document's error sits at its first tokens, where the attention sink was (EPIC), so a long
     document needs no more repair than a short one. rho = 1 recomputes every moved token, cap or
     not: full prefill's logits. `rho_after_neighbours`: the share for chunks whose document was
-    warmed after its nearest documents (their KV is closer to full prefill's, so less needs
-    recomputing; None: `rho` for every chunk; rho 1 recomputes every chunk whatever its warming);
+    warmed after its nearest documents, one of which stands in the prompt (their KV is closer to
+    full prefill's, so less needs recomputing; None: `rho` for every chunk; rho 1 recomputes every
+    chunk whatever its warming);
     a prompt's budget is each moved chunk's share of its tokens, spent on the most deviating
     tokens of the whole prompt.
     `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
@@ -274,3 +275,23 @@ def check_option_names(
         close = [meant] if meant in known else difflib.get_close_matches(name, known, n=1)
         hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     raise TypeError(f"unknown {what}{'s' if len(unknown) > 1 else ''}: {', '.join(hints)}")
+
+
+def parse_repair(text: str) -> RepairStrategy | RepairConfig:
+    """The text form every entry point takes (`--repair`, KVBOOST_RAG_REPAIR): 'none', 'boundary',
+    'cacheblend'; 'cacheblend:0.05' recomputes that share of moved tokens for every chunk however
+    it was warmed (the eval's 'cacheblend@0.05'); 'boundary:16' that many tokens at each reused
+    run's start. ValueError for anything else."""
+    strategy, colon, amount = text.strip().partition(":")
+    if strategy not in REPAIR_STRATEGIES:
+        raise ValueError(f"repair strategy must be one of {', '.join(REPAIR_STRATEGIES)}, got {strategy!r}")
+    if not colon:
+        return strategy
+    try:
+        if strategy == "cacheblend":
+            return RepairConfig("cacheblend", rho=float(amount), rho_after_neighbours=None)
+        if strategy == "boundary":
+            return RepairConfig("boundary", boundary_tokens=int(amount))
+    except ValueError as error:
+        raise ValueError(f"{text!r}: {error}") from None
+    raise ValueError(f"{text!r}: 'none' takes no amount")

@@ -15,6 +15,7 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any, get_args
 
+from .config import parse_repair
 from .options import ENGINE_OPTIONS, LOAD_OPTIONS, Option
 from .sizes import parse_size
 
@@ -48,7 +49,7 @@ def _parse(option: Option, text: str) -> Any:
         if option.name.endswith("_bytes"):
             return parse_size(text)
         if option.name == "repair":
-            return _parse_repair(text)
+            return parse_repair(text)
     except ValueError as error:
         raise ValueError(f"{variable}: {error}") from None
     kind = _text_kind(option)
@@ -63,18 +64,6 @@ def _parse(option: Option, text: str) -> Any:
         except ValueError:
             raise ValueError(f"{variable} must be an integer, got {text!r}") from None
     return text
-
-
-def _parse_repair(text: str) -> Any:
-    """STRATEGY[:AMOUNT], by the `--repair` flag's own parser."""
-    import typer
-
-    from .cli.configs import parse_repair
-
-    try:
-        return parse_repair(text)
-    except typer.BadParameter as error:
-        raise ValueError(error.message) from None
 
 
 def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

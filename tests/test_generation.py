@@ -162,3 +162,16 @@ def test_timeout_ends_decoding(engine: KVBoostRAG) -> None:
     assert result.finish_reason == "timeout" and result.new_tokens == 1
     with pytest.raises(ValueError, match="timeout_s"):
         engine.stream(CHAT, timeout_s=0)
+
+
+def test_min_p_and_repetition_penalty_are_keywords_of_generate_as_of_sampling_params(engine: KVBoostRAG) -> None:
+    from kvboost_rag import SamplingParams
+
+    prompt = "List the days of the week: Monday, Tuesday,"
+    by_keyword = engine.generate(prompt, max_new_tokens=8, min_p=0.1, repetition_penalty=1.5, store_prompt=False)
+    params = SamplingParams(max_new_tokens=8, min_p=0.1, repetition_penalty=1.5)
+    assert by_keyword.token_ids == engine.generate(prompt, sampling=params, store_prompt=False).token_ids
+    with pytest.raises(ValueError, match="min_p"):
+        engine.generate(prompt, min_p=2.0)
+    with pytest.raises(TypeError, match="not both"):
+        engine.generate(prompt, sampling=params, repetition_penalty=1.2)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,8 +22,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import uvicorn
 
+from kvboost_lab.http_server import free_port, serving_app
 from kvboost_lab.redis_server import local_redis
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.prompt import rag_messages
@@ -34,28 +33,11 @@ KEY = "test-key"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serving(engine: KVBoostRAG, settings: ServerSettings) -> Iterator[str]:
     """The server on a free port until the block ends; yields its /v1 base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serving_app(create_app(engine, settings)) as root:
+        yield f"{root}/v1"
 
 
 def new_engine(model: KVBoostRAG) -> KVBoostRAG:

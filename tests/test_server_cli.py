@@ -16,18 +16,13 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from kvboost_lab.http_server import free_port
 from kvboost_rag import options as option_table
 from kvboost_rag.cli import app
 from kvboost_rag.config import ExactnessConfig, RepairConfig
 from kvboost_rag.server import listen
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_taken_port_fails_at_once_before_the_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:

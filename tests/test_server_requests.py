@@ -4,17 +4,14 @@ and sizes as the command line writes them. Over real HTTP, on a small random mod
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
+from kvboost_lab.http_server import serving_app
 from kvboost_rag import EngineConfig, KVBoostRAG, SamplingParams
 from kvboost_rag.server import ServerSettings, create_app
 
@@ -24,24 +21,9 @@ USER = [{"role": "user", "content": "Say something about the sea and the sea and
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-@contextmanager
-def serving(engine: KVBoostRAG, settings: ServerSettings) -> Iterator[str]:
+def serving(engine: KVBoostRAG, settings: ServerSettings) -> AbstractContextManager[str]:
     """The server on a free port until the block ends; yields its root URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    return serving_app(create_app(engine, settings))
 
 
 @pytest.fixture(scope="module")

@@ -12,28 +12,18 @@ from typing import Annotated, Any
 
 import typer
 
-from ..config import REPAIR_STRATEGIES, ExactnessConfig, RepairConfig, RepairStrategy
+from ..config import ExactnessConfig, RepairConfig, RepairStrategy
+from ..config import parse_repair as parse_repair_text
 
 REPAIR_METAVAR = "STRATEGY[:AMOUNT]"
 
 
 def parse_repair(text: str) -> RepairStrategy | RepairConfig:
-    """'none', 'boundary', 'cacheblend'; 'cacheblend:0.05' recomputes that share of moved tokens
-    for every chunk however it was warmed (the eval's 'cacheblend@0.05'); 'boundary:16' that many
-    tokens at each reused run's start."""
-    strategy, colon, amount = text.strip().partition(":")
-    if strategy not in REPAIR_STRATEGIES:
-        raise typer.BadParameter(f"repair strategy must be one of {', '.join(REPAIR_STRATEGIES)}, got {strategy!r}")
-    if not colon:
-        return strategy
+    """`config.parse_repair`, its refusal a usage error."""
     try:
-        if strategy == "cacheblend":
-            return RepairConfig("cacheblend", rho=float(amount), rho_after_neighbours=None)
-        if strategy == "boundary":
-            return RepairConfig("boundary", boundary_tokens=int(amount))
+        return parse_repair_text(text)
     except ValueError as error:
-        raise typer.BadParameter(f"{text!r}: {error}") from None
-    raise typer.BadParameter(f"{text!r}: 'none' takes no amount")
+        raise typer.BadParameter(str(error)) from None
 
 
 # ExactnessConfig's fields as flags, by the names `kvboost-rag eval` gives them.

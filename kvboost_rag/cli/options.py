@@ -19,12 +19,12 @@ from typing import Annotated, Any, TypeVar, get_args
 
 import typer
 
+from ..environment import ENV_PREFIX
 from ..options import OPTIONS_BY_NAME, Option
 from .configs import REPAIR_METAVAR, exactness_parameters, parse_repair, pop_exactness
 from .sizes import parse_bytes
 
 Command = TypeVar("Command", bound=Callable[..., Any])
-ENV_PREFIX = "KVBOOST_RAG_"
 # Flags earlier releases named otherwise: still accepted (flag and environment variable).
 FORMER_FLAGS = {
     "kv_quantization": "quantization",

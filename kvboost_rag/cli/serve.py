@@ -10,14 +10,11 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from ..environment import env_var
 from .app import app, store_location
 from .options import table_options
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
-
-
-def _env(name: str) -> str:
-    return f"KVBOOST_RAG_{name.upper()}"
 
 
 def _origins(given: list[str] | None) -> tuple[str, ...]:
@@ -47,18 +44,20 @@ def _origins(given: list[str] | None) -> tuple[str, ...]:
     environment=True,
 )
 def serve(
-    host: Annotated[str, typer.Option(envvar=_env("host"))] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar=_env("port"))] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar=_env("api_key"), help="bearer token clients must send")] = None,
-    served_model_name: Annotated[
-        str | None, typer.Option(envvar=_env("served_model_name"), help="the name clients ask for")
+    host: Annotated[str, typer.Option(envvar=env_var("host"))] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar=env_var("port"))] = 8000,
+    api_key: Annotated[
+        str | None, typer.Option(envvar=env_var("api_key"), help="bearer token clients must send")
     ] = None,
-    max_running: Annotated[int, typer.Option(envvar=_env("max_running"), help="requests decoding at once")] = 4,
-    max_waiting: Annotated[int, typer.Option(envvar=_env("max_waiting"), help="queued past those; then 429")] = 16,
+    served_model_name: Annotated[
+        str | None, typer.Option(envvar=env_var("served_model_name"), help="the name clients ask for")
+    ] = None,
+    max_running: Annotated[int, typer.Option(envvar=env_var("max_running"), help="requests decoding at once")] = 4,
+    max_waiting: Annotated[int, typer.Option(envvar=env_var("max_waiting"), help="queued past those; then 429")] = 16,
     temperature: Annotated[
         float,
         typer.Option(
-            envvar=_env("temperature"),
+            envvar=env_var("temperature"),
             help="temperature of requests that name none: OpenAI's default, 1.0 (the Python API's is 0, "
             "greedy); 0 makes them greedy",
         ),
@@ -66,7 +65,7 @@ def serve(
     neighbours: Annotated[
         int | None,
         typer.Option(
-            envvar=_env("neighbours"),
+            envvar=env_var("neighbours"),
             min=0,
             help="/kvboost/warm requests that name no `neighbours`: each document warmed after its N nearest, "
             "as `kvboost-rag warm --neighbours` (default: 4 where the bundled embedder is installed, else 0)",
@@ -75,12 +74,12 @@ def serve(
     allowed_origins: Annotated[
         list[str] | None,
         typer.Option(
-            envvar=_env("allowed_origins"),
+            envvar=env_var("allowed_origins"),
             help="browser origins that may call the server (CORS), comma list or repeated; '*': any (default: none)",
         ),
     ] = None,
     log_level: Annotated[
-        LogLevel, typer.Option(envvar=_env("log_level"), help="uvicorn's log level; 'info' logs every request")
+        LogLevel, typer.Option(envvar=env_var("log_level"), help="uvicorn's log level; 'info' logs every request")
     ] = "info",
     *,
     options: dict[str, Any],

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Generator, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from .stream import GenerationStream
 from .warming import Warmer
 
 NO_OBSERVER = DecodeObserver()
-_SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+_SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))  # the order of stream's sampling keywords
 
 
 class KVBoostRAG:
@@ -190,6 +190,8 @@ class KVBoostRAG:
         seed: int | None = None,
         stop: str | list[str] | None = None,
         ignore_eos: bool | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
         mode: Mode | None = None,
         repair: RepairStrategy | RepairConfig | None = None,
         exactness: ExactnessConfig | None = None,
@@ -209,7 +211,7 @@ class KVBoostRAG:
         of a fixed length, for benchmarks).
         """
         started = time.perf_counter()
-        settings = (max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        settings = (max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, min_p, repetition_penalty)
         given: dict[str, Any] = {name: value for name, value in zip(_SAMPLING_FIELDS, settings) if value is not None}
         if sampling is not None and given:
             raise TypeError(f"give sampling= or {', '.join(given)}, not both")
@@ -237,9 +239,7 @@ class KVBoostRAG:
             started=started,
             deadline=started + timeout_s if timeout_s is not None else float("inf"),
             timings=StageTimings(tokenize_s=tokenize_s),
-            sparse_decode=SparseDecode(self.config.sparse_decode)
-            if self.config.sparse_decode.applies(len(tokens))
-            else None,
+            sparse_decode=SparseDecode(sparse) if (sparse := self.config.sparse_decode).applies(len(tokens)) else None,
         )
         return GenerationStream(self._run(request, observer or NO_OBSERVER))
 

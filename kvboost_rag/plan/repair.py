@@ -23,15 +23,16 @@ from .segments import Segment
 
 def repair_share(plan: ReusePlan, rho: float, rho_after_neighbours: float | None) -> float:
     """The share of the plan's moved tokens CacheBlend recomputes: each moved chunk counts with
-    its own share, from `rho` (warmed alone) to `rho_after_neighbours` (warmed after documents
-    that all stand in this prompt too), in proportion to how many of them do. Exactly `rho`
-    when no chunk was warmed after neighbours, and at rho 1 (every moved token recomputed: full
-    prefill's logits, however the chunks were warmed)."""
+    its own share, `rho_after_neighbours` where one of the documents it was warmed after stands in
+    this prompt too, else `rho` (warmed alone, or among documents this prompt does not hold).
+    Exactly `rho` when no chunk was warmed after neighbours, and at rho 1 (every moved token
+    recomputed: full prefill's logits, however the chunks were warmed). Measured against a share
+    in proportion to how many of them stand there: docs/research-log.md, issue 31 second pass."""
     moved = [(len(s), s.entry.warmed_after) for s in plan.segments if s.kind == "approximate" and s.entry]
     if rho >= 1.0 or rho_after_neighbours is None or not any(warmed.context_tokens for _, warmed in moved):
         return rho
     in_prompt = {s.entry.content_hash for s in plan.segments if s.entry is not None}
-    budget = sum(n * (rho + (rho_after_neighbours - rho) * warmed.share_present(in_prompt)) for n, warmed in moved)
+    budget = sum(n * (rho_after_neighbours if warmed.neighbour_in(in_prompt) else rho) for n, warmed in moved)
     return budget / sum(n for n, _ in moved)
 
 

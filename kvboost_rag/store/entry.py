@@ -23,14 +23,12 @@ class WarmedAfter:
     neighbours: tuple[ContentHash, ...] = ()
     found_by: str = ""  # how those documents were chosen, e.g. "all-MiniLM-L6-v2, 4 nearest"
 
-    def share_present(self, in_prompt: Set[ContentHash]) -> float:
-        """The share of those documents that stand in a prompt whose chunks are `in_prompt`:
-        0 for a chunk warmed alone, 1 where the record does not say which they were."""
+    def neighbour_in(self, in_prompt: Set[ContentHash]) -> bool:
+        """Whether one of those documents stands in a prompt whose chunks are `in_prompt`: never
+        for a chunk warmed alone, always where the record does not say which they were."""
         if not self.context_tokens:
-            return 0.0
-        if not self.neighbours:
-            return 1.0
-        return sum(first in in_prompt for first in self.neighbours) / len(self.neighbours)
+            return False
+        return not self.neighbours or any(first in in_prompt for first in self.neighbours)
 
 
 ALONE = WarmedAfter()

@@ -43,13 +43,13 @@ def _plan(*moved: Moved) -> ReusePlan:
         (((100, ALONE, "a"), (300, ALONE, "b")), 0.15, 0.05, 0.15),  # all alone: rho exactly
         (((100, _after("b"), "a"), (300, _after("a"), "b")), 0.15, 0.05, 0.05),  # among their neighbours
         (((100, _after("x"), "a"), (300, _after("y"), "b")), 0.15, 0.05, 0.15),  # neighbours not here: as alone
-        (((100, _after("b", "x"), "a"), (300, ALONE, "b")), 0.15, 0.05, (10 + 45) / 400),  # half of them here
+        (((100, _after("b", "x"), "a"), (300, ALONE, "b")), 0.15, 0.05, (5 + 45) / 400),  # one of them here
         (((100, WarmedAfter(40), "a"), (300, ALONE, "b")), 0.15, 0.05, (5 + 45) / 400),  # not named: taken as here
         (((100, _after("b"), "a"), (300, _after("a"), "b")), 0.15, None, 0.15),  # None: one share
         (((100, _after("b"), "a"), (300, _after("a"), "b")), 1.0, 0.05, 1.0),  # rho 1: everything, however warmed
     ],
 )
-def test_each_moved_chunk_counts_with_the_share_its_neighbours_in_the_prompt_give(
+def test_each_moved_chunk_counts_with_the_share_its_neighbours_in_the_prompt_give_it(
     moved: tuple[Moved, ...], rho: float, after: float | None, share: float
 ) -> None:
     assert repair_share(_plan(*moved), rho, after) == pytest.approx(share)

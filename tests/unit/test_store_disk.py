@@ -316,4 +316,4 @@ def test_a_chunk_written_before_warming_was_recorded_reads_as_warmed_alone(fakes
         save_file(tensors, str(path), metadata=metadata)
         loaded = disk.get(entry.content_hash)
         assert loaded is not None and loaded.warmed_after == read_as, older
-    assert WarmedAfter(40).share_present(set()) == 1.0, "neighbours not named: taken as present, as before"
+    assert WarmedAfter(40).neighbour_in(set()), "neighbours not named: taken as present, as before"

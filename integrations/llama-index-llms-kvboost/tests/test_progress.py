@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from llama_index.core import Document
 from llama_index.core.ingestion import IngestionPipeline
@@ -11,21 +9,10 @@ from llama_index.core.node_parser import SentenceSplitter
 from llama_index.core.schema import TextNode
 from llama_index.llms.kvboost import KVBoostWarmTransformation
 
-from kvboost_rag import KVBoostRAG, WarmReport
+from kvboost_lab.fakes import CountingEngine
 from kvboost_rag.frameworks.warming import PROGRESS_FROM
 
 BAR = "kvboost-rag warming"
-
-
-class CountingEngine(KVBoostRAG):
-    """Warms nothing, counts the nodes: the bar, not the model, is under test."""
-
-    def __init__(self) -> None:
-        self.warmed: list[str] = []
-
-    def warm(self, text: str, **kwargs: Any) -> WarmReport:  # type: ignore[override]
-        self.warmed.append(text)
-        return WarmReport(documents=1, chunks_stored=1)
 
 
 def nodes(count: int) -> list[TextNode]:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from langchain_kvboost import ChatKVBoost, KVBoostLLM
 
+from kvboost_lab.fakes import record_engines
 from kvboost_rag import KVBoostRAG, RepairConfig
-from kvboost_rag.environment import ENVIRONMENT_OPTIONS, env_var
 
 CLASSES = [ChatKVBoost, KVBoostLLM]
 
@@ -21,16 +21,7 @@ CLASSES = [ChatKVBoost, KVBoostLLM]
 @pytest.fixture()
 def built(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The keyword arguments of each engine built (the model is never loaded)."""
-    calls: list[dict[str, Any]] = []
-
-    def from_pretrained(model: str | None = None, **kwargs: Any) -> str:
-        calls.append({"model": model, **kwargs})
-        return "engine"
-
-    monkeypatch.setattr(KVBoostRAG, "from_pretrained", from_pretrained)
-    for option in ENVIRONMENT_OPTIONS:  # this machine's own settings must not leak in
-        monkeypatch.delenv(env_var(option.name), raising=False)
-    return calls
+    return record_engines(monkeypatch)
 
 
 @pytest.mark.parametrize("cls", CLASSES)

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import uuid4
 
 import pytest
 from langchain_core.documents import Document
 from langchain_kvboost import KVBoostRetrievalWarmer, warm_documents
 
-from kvboost_rag import KVBoostRAG, WarmReport
+from kvboost_lab.fakes import CountingEngine
 from kvboost_rag.frameworks.warming import PROGRESS_FROM
 
 BAR = "kvboost-rag warming"
-
-
-class CountingEngine(KVBoostRAG):
-    """Warms nothing, counts the documents: the bar, not the model, is under test."""
-
-    def __init__(self) -> None:
-        self.warmed: list[str] = []
-
-    def warm(self, text: str, **kwargs: Any) -> WarmReport:  # type: ignore[override]
-        self.warmed.append(text)
-        return WarmReport(documents=1, chunks_stored=1)
 
 
 def documents(count: int) -> list[Document]:

@@ -1,0 +1,34 @@
+"""Stand-ins for the engine where the framework packages' own behaviour is under test, not the model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvboost_rag import KVBoostRAG, WarmReport
+from kvboost_rag.environment import ENVIRONMENT_OPTIONS, env_var
+
+
+class CountingEngine(KVBoostRAG):
+    """Warms nothing and loads no model: it counts the documents it is given."""
+
+    def __init__(self) -> None:
+        self.warmed: list[str] = []
+
+    def warm(self, text: str, **kwargs: Any) -> WarmReport:  # type: ignore[override]
+        self.warmed.append(text)
+        return WarmReport(documents=1, chunks_stored=1)
+
+
+def record_engines(monkeypatch: Any) -> list[dict[str, Any]]:
+    """`KVBoostRAG.from_pretrained` replaced by a recorder of its keyword arguments (no model
+    loads), with this machine's KVBOOST_RAG_* variables cleared so they cannot leak in."""
+    calls: list[dict[str, Any]] = []
+
+    def from_pretrained(model: str | None = None, **kwargs: Any) -> str:
+        calls.append({"model": model, **kwargs})
+        return "engine"
+
+    monkeypatch.setattr(KVBoostRAG, "from_pretrained", from_pretrained)
+    for option in ENVIRONMENT_OPTIONS:
+        monkeypatch.delenv(env_var(option.name), raising=False)
+    return calls

@@ -1,0 +1,31 @@
+"""A FastAPI app served by uvicorn in a thread on a free loopback port, for tests over real HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .redis_server import free_port  # one way to find a port for every local server
+
+
+@contextmanager
+def serving_app(app: Any) -> Iterator[str]:
+    """The app on a free port until the block ends; yields its root URL (http://127.0.0.1:PORT)."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
