@@ -142,7 +142,10 @@ def _print_disk(summary: DiskSummary) -> None:
     if not summary.has_index:
         typer.echo("no index beside the chunk files: `kvboost-rag cache verify` rebuilds it from them")
     elif summary.orphan_files:
-        typer.echo(f"{summary.orphan_files} chunk files no index row names (`kvboost-rag cache verify` removes them)")
+        typer.echo(
+            f"{summary.orphan_files} chunk files no index row names "
+            "(`kvboost-rag cache verify` indexes them again once 10 minutes old)"
+        )
     if summary.has_index and summary.read_only:
         typer.echo("(read-only)")
 
@@ -183,7 +186,7 @@ def cache_verify(*, options: dict[str, Any]) -> None:
         checked = report.verify
         typer.echo(
             f"{locations.directory}: checked {checked.checked} chunks: {len(checked.dropped)} dropped, "
-            f"{checked.orphans_removed} stray files removed"
+            f"{checked.orphans_removed} stray files removed, {checked.adopted} unindexed chunks indexed again"
         )
         dropped += len(checked.dropped)
     if locations.redis_url is not None:

@@ -11,9 +11,11 @@ from typing import Annotated, Any, Literal
 import typer
 
 from ..environment import env_var
+from ..sizes import parse_size
 from .app import app, store_location
 from .options import table_options
 
+DEFAULT_MAX_DOCUMENTS = 256  # server/warming.py's, without importing the server before it is needed
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
 
@@ -78,6 +80,18 @@ def serve(
             help="browser origins that may call the server (CORS), comma list or repeated; '*': any (default: none)",
         ),
     ] = None,
+    max_warm_documents: Annotated[
+        int,
+        typer.Option(
+            envvar=env_var("max_warm_documents"), min=1, help="documents one /kvboost/warm request may send; past it, 413"
+        ),
+    ] = DEFAULT_MAX_DOCUMENTS,
+    max_warm_bytes: Annotated[
+        str,
+        typer.Option(
+            envvar=env_var("max_warm_bytes"), help="text one /kvboost/warm request may send, e.g. 8MiB; past it, 413"
+        ),
+    ] = "8MiB",
     log_level: Annotated[
         LogLevel, typer.Option(envvar=env_var("log_level"), help="uvicorn's log level; 'info' logs every request")
     ] = "info",
@@ -119,6 +133,8 @@ def serve(
             check_temperature(temperature),
             neighbours,
             _origins(allowed_origins),
+            max_warm_documents,
+            parse_size(max_warm_bytes),
         )
     except (TypeError, ValueError) as error:
         raise typer.BadParameter(str(error)) from error
@@ -130,6 +146,9 @@ def serve(
     with sock:
         engine = build_engine(options)
         app_ = create_app(engine, settings)
-        config = uvicorn.Config(app_, host=host, port=port, log_level=log_level, access_log=True)
+        # NOTE: running work stops at its next step on shutdown (listen.py); the timeout bounds the rest
+        config = uvicorn.Config(
+            app_, host=host, port=port, log_level=log_level, access_log=True, timeout_graceful_shutdown=10
+        )
         announce = f"serving {settings.model_name or engine.name} on {url(sock, host)}/v1"
-        AnnouncingServer(config, lambda: typer.echo(announce)).run(sockets=[sock])
+        AnnouncingServer(config, lambda: typer.echo(announce), app_.state.stopping).run(sockets=[sock])

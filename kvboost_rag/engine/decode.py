@@ -20,6 +20,7 @@ import torch
 from ..hf.cache import forward_last_logits, make_cache
 from ..ops.logits import top_margin
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
+from .cancellation import check_cancelled
 from .detokenize import Detokenizer
 from .request import Request
 from .sampling import sample_token
@@ -59,7 +60,8 @@ class Decoder:
 
     def run(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[str]:
         """Text deltas until an end-of-sequence token, a stop string, `max_new` tokens or the
-        deadline; `request.finish` says which."""
+        deadline; `request.finish` says which. A caller's check (`cancellation.py`) is read before
+        each step: `Cancelled` stops the answer there."""
         observer.on_prefill(request)
         params = request.params
         assert request.logits is not None  # set by the prefill, before the decode (and by every step)
@@ -68,6 +70,7 @@ class Decoder:
         detokenizer = Detokenizer(self.tokenizer)
         mark = time.perf_counter()
         while True:
+            check_cancelled()
             if self.needs_exact(request, observer):
                 self.go_exact(request)
                 observer.on_exact(request)

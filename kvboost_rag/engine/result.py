@@ -91,6 +91,7 @@ class GenerationResult:
 class WarmReport:
     documents: int = 0
     skipped_documents: int = 0  # already warm: nothing recomputed
+    restored_documents: int = 0  # of those, copied into a tier that had lost them (no model pass)
     chunks_stored: int = 0
     tokens_encoded: int = 0
     seconds: float = 0.0

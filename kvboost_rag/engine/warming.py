@@ -14,7 +14,8 @@ import torch
 from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.model import model_shape
 from ..plan.keys import ContentHash, chained_prefix_hashes, document_hash
-from ..store.entry import ALONE, WarmedAfter
+from ..store.entry import ALONE, DocumentRecord, WarmedAfter
+from .cancellation import check_cancelled
 from .documents import Boundaries, DocumentWriter
 from .inputs import check_document, check_text
 from .result import WarmReport
@@ -59,9 +60,10 @@ class Warmer:
         report = WarmReport(documents=len(texts))
         errors_before = self.store.tier_errors
         for tokens, (context, warmed_after) in zip(tokenized, contexts):
+            check_cancelled()  # between documents: a caller that went away stops the rest
             doc_key = document_hash(self.keys.document, tokens)
             with self.store.serving():  # one document's chunks never evict each other
-                if self.store.has_document(doc_key):
+                if self.is_warm(doc_key, tokens, report):
                     report.skipped_documents += 1
                 else:
                     report.chunks_stored += self.encode_document(doc_key, tokens, context, warmed_after)
@@ -86,9 +88,10 @@ class Warmer:
         errors_before = self.store.tier_errors
         room = self.max_context - len(self.prefix_tokens)
         for group in groups:
+            check_cancelled()
             members = [next(tokenized) for _ in group]
             keys = [document_hash(self.keys.document, tokens) for tokens in members]
-            cold = [(tokens, key) for tokens, key in zip(members, keys) if not self.store.has_document(key)]
+            cold = [(tokens, key) for tokens, key in zip(members, keys) if not self.is_warm(key, tokens, report)]
             report.skipped_documents += len(members) - len(cold)
             while sum(len(tokens) + len(self.separator) for tokens, _ in cold) > room:
                 tokens, key = cold.pop()  # past the window: warmed alone
@@ -110,6 +113,14 @@ class Warmer:
         report.store_errors = self.store.tier_errors - errors_before
         report.seconds = time.perf_counter() - started
         return report
+
+    def is_warm(self, doc_key: bytes, tokens: np.ndarray, report: WarmReport) -> bool:
+        """Whether the document is stored in memory and every tier; one a tier lost is copied there
+        from where it is held (counted in `report`), one held nowhere whole is to be encoded."""
+        contents = tuple(self.writer.contents(tokens, self.boundaries(tokens)))
+        state = self.store.complete_document(DocumentRecord(doc_key, self.keys.document, contents, len(tokens)))
+        report.restored_documents += state == "restored"
+        return state != "missing"
 
     def _encode_alone(self, doc_key: bytes, tokens: np.ndarray) -> int:
         with self.store.serving():

@@ -8,10 +8,13 @@ hide overload behind ever-growing latencies, so the next one is told to retry.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
+from ..engine.cancellation import Cancelled
 from .errors import APIError
 
 RETRY_AFTER_S = 1
+POLL_S = 0.1  # how often a request waiting for a running place checks it is still wanted
 
 
 class Admission:
@@ -57,9 +60,15 @@ class RunningSlot:
         self._places = places
         self._held = False
 
-    def take(self) -> None:
-        self._places.acquire()
+    def take(self, stopped: Callable[[], bool] = lambda: False) -> None:
+        """Wait for a place while the request is still wanted; `Cancelled` once `stopped()`."""
+        while not self._places.acquire(timeout=POLL_S):
+            if stopped():
+                raise Cancelled("stopped while waiting for a running place")
         self._held = True
+        if stopped():
+            self.give_back()
+            raise Cancelled("stopped while waiting for a running place")
 
     def give_back(self) -> None:
         if self._held:

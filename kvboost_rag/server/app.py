@@ -12,6 +12,7 @@ scripts from a CDN, which a server without internet cannot reach (a blank page).
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,15 +23,17 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import StreamingResponse
 
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
-from ..engine.inputs import can_be_neighbour
-from ..engine.result import GenerationResult, WarmReport
-from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, HeldDocuments, embedder_installed, found_by
+from ..engine.cancellation import Cancelled, cancellable
+from ..engine.result import GenerationResult
+from ..neighbours import HeldDocuments
 from .admission import Admission, RunningSlot
 from .bodies import JSONBodies
 from .errors import APIError, install_handlers
 from .options import DEFAULT_TEMPERATURE, stream_arguments
 from .responses import ChunkWriter, chat_completion, new_id, text_completion
 from .schemas import ChatCompletionRequest, CompletionRequest, PruneRequest, WarmRequest
+from .stopping import Stop, run_watched
+from .warming import DEFAULT_MAX_BYTES, DEFAULT_MAX_DOCUMENTS, WarmLimits, warm_with_neighbours
 
 
 @dataclass(slots=True)
@@ -43,10 +46,16 @@ class ServerSettings:
     neighbours: int | None = None  # for warm requests that name none (None: 4 where the embedder is installed)
     # browser origins that may call the server (CORS; "*": any); none by default
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
+    max_warm_documents: int = DEFAULT_MAX_DOCUMENTS  # per /kvboost/warm request; past it, 413
+    max_warm_bytes: int = DEFAULT_MAX_BYTES
 
 
 def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> FastAPI:
+    """The app; `app.state.stopping` (an Event) stops every running generation and warm at its next
+    step, which the server sets as it shuts down (`listen.py`)."""
     settings = settings or ServerSettings()
+    stopping = threading.Event()
+    limits = WarmLimits(settings.max_warm_documents, settings.max_warm_bytes)
     served = settings.model_name or engine.name
     admission = Admission(settings.max_running, settings.max_waiting)
     held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
@@ -56,6 +65,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         docs_url=None,  # Swagger UI and ReDoc come from a CDN: blank offline; /openapi.json stays
         redoc_url=None,
     )
+    app.state.stopping = stopping
     install_handlers(app)
     app.add_middleware(JSONBodies, allowed_origins=settings.allowed_origins)
     if settings.allowed_origins:  # added last: outermost, so preflights are answered first
@@ -82,13 +92,31 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     def start(prompt: Any, body: ChatCompletionRequest | CompletionRequest) -> GenerationStream:
         """The engine's stream, every argument checked: a refusal here is a 4xx before any model work."""
         try:
+            check_room(prompt, body)
             return engine.stream(prompt, **stream_arguments(body, settings.temperature))
         except PromptTooLongError as error:
             raise APIError(400, str(error), param="messages", code="context_length_exceeded") from None
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error)) from None
 
-    async def run(prompt: Any, body: ChatCompletionRequest | CompletionRequest, chat: bool) -> Any:
+    def check_room(prompt: Any, body: ChatCompletionRequest | CompletionRequest) -> None:
+        """A `max_tokens` the window cannot hold after the prompt is a 400, as vLLM answers (not
+        quietly cut): 2^63 would otherwise hold a running place for the window's whole length."""
+        given = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        if given is None:
+            return
+        prompt_tokens = len(engine.tokenize_prompt(prompt))
+        if prompt_tokens < engine.max_context < prompt_tokens + given:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {engine.max_context} tokens. However, you requested "
+                f"{prompt_tokens + given} tokens ({prompt_tokens} in the messages, {given} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param="max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens",
+                code="context_length_exceeded",
+            )
+
+    async def run(prompt: Any, body: ChatCompletionRequest | CompletionRequest, chat: bool, request: Request) -> Any:
         check_model(body.model)
         body.refuse_unsupported()
         admission.enter()
@@ -100,11 +128,11 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         request_id = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = _events(stream, ChunkWriter(request_id, served, chat), include_usage, admission)
+            events = _events(stream, ChunkWriter(request_id, served, chat), include_usage, admission, Stop(stopping))
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        slot = admission.slot()
+        slot, stop = admission.slot(), Stop(stopping)
         try:
-            result = await anyio.to_thread.run_sync(_drain, stream, slot)
+            result = await run_watched(request, stop, lambda: _drain(stream, slot, stop))
         finally:
             stream.close()
             slot.give_back()
@@ -127,22 +155,32 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         return card
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         # the engine keeps each turn's new tokens and answer, so the next turn reuses its history
-        return await run(body.chat_messages(), body, True)
+        return await run(body.chat_messages(), body, True, request)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionRequest) -> Any:
-        return await run(body.prompt_text(), body, False)
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await run(body.prompt_text(), body, False, request)
 
     @app.post("/kvboost/warm", dependencies=[Depends(authorized)])
-    async def warm(body: WarmRequest) -> dict[str, Any]:
+    async def warm(body: WarmRequest, request: Request) -> dict[str, Any]:
+        """Model work in admission like a generation, stopped between documents (`warming.py`)."""
+        limits.check(body)
+        admission.enter()
+        slot, stop = admission.slot(), Stop(stopping)
+
+        def work() -> Any:
+            slot.take(stop)
+            return warm_with_neighbours(engine, body, held, settings.neighbours)
+
         try:
-            report = await anyio.to_thread.run_sync(
-                lambda: warm_with_neighbours(engine, body, held, settings.neighbours)
-            )
+            report = await run_watched(request, stop, work)
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error), param="documents") from None
+        finally:
+            slot.give_back()
+            admission.leave()
         return {**asdict(report), "encoded_documents": report.encoded_documents}
 
     @app.get("/kvboost/store", dependencies=[Depends(authorized)])
@@ -161,8 +199,9 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     return app
 
 
-def _drain(stream: GenerationStream, slot: RunningSlot) -> GenerationResult:
-    slot.take()
+def _drain(stream: GenerationStream, slot: RunningSlot, stop: Stop) -> GenerationResult:
+    """The whole answer, in a worker thread; `stop` ends it at the next decode step."""
+    slot.take(stop)
     for _ in stream:
         pass
     assert stream.result is not None
@@ -172,8 +211,9 @@ def _drain(stream: GenerationStream, slot: RunningSlot) -> GenerationResult:
 _END = object()
 
 
-def _next_delta(stream: GenerationStream) -> Any:
-    return next(stream, _END)
+def _next_delta(stream: GenerationStream, stop: Stop) -> Any:
+    with cancellable(stop):  # read by the decode step this call runs
+        return next(stream, _END)
 
 
 async def _events(
@@ -181,40 +221,25 @@ async def _events(
     writer: ChunkWriter,
     include_usage: bool,
     admission: Admission,
+    stop: Stop,
 ) -> AsyncIterator[str]:
     """SSE events as tokens come. A client that goes away cancels this at its next await: the
     token being computed finishes (the thread is not abandoned), then the stream is closed, so
-    the model is free for the next request."""
+    the model is free for the next request. A server shutting down ends it with an error event."""
     slot = admission.slot()
     try:
         opening = writer.start()
         if opening:
             yield opening
-        await anyio.to_thread.run_sync(slot.take)
-        while (delta := await anyio.to_thread.run_sync(_next_delta, stream)) is not _END:
+        await anyio.to_thread.run_sync(slot.take, stop)
+        while (delta := await anyio.to_thread.run_sync(_next_delta, stream, stop)) is not _END:
             yield writer.delta(delta)
         assert stream.result is not None
         for event in writer.finish(stream.result, include_usage):
             yield event
+    except Cancelled:
+        yield writer.error(stop.refusal())
     finally:
         stream.close()
         slot.give_back()
         admission.leave()
-
-
-def warm_with_neighbours(
-    engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments, default: int | None = None
-) -> WarmReport:
-    """Each document warmed after its nearest among the request's documents and those this
-    server warmed before, as `kvboost-rag warm` warms a corpus: as many as the request says, else
-    `default` (`serve --neighbours`), else 4 where the bundled embedder is installed (else alone)."""
-    count = body.neighbours if body.neighbours is not None else default
-    if count is None:
-        count = DEFAULT_NEIGHBOURS if embedder_installed() else 0
-    elif count and not embedder_installed():
-        raise APIError(
-            400, "neighbours are found by the bundled embedder: install kvboost-rag[eval]", param="neighbours"
-        )
-    documents = body.documents
-    nearest = held.nearest(documents, count, can_be_neighbour) if count else None
-    return engine.warm(documents, pin=body.pin, neighbours=nearest, neighbours_from=found_by(BUNDLED_EMBEDDER, count))

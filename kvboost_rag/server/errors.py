@@ -31,13 +31,22 @@ class APIError(Exception):
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
+        message, param = escaped(message), escaped(param) if param is not None else None
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
 
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def escaped(text: str) -> str:
+    """Text a request sent, safe to echo in UTF-8: a lone surrogate ("\\ud83d" in its JSON) is
+    written as its escape, where encoding it would fail the response (a 500)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def unsupported(param: str, why: str = "is not supported by this server") -> APIError:

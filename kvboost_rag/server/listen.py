@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 from collections.abc import Callable
 
 import uvicorn
@@ -39,11 +40,30 @@ def url(sock: socket.socket, host: str) -> str:
     return f"http://{shown}:{sock.getsockname()[1]}"
 
 
-class AnnouncingServer(uvicorn.Server):
-    """uvicorn's server, calling `announce` once it listens (after the app's startup)."""
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which stops the app's running work as it begins to shut down.
 
-    def __init__(self, config: uvicorn.Config, announce: Callable[[], None]) -> None:
+    uvicorn's graceful shutdown waits for every running request, and a generation or a warm can
+    run for minutes: `stopping` (the app's `app.state.stopping`) is set first, so each ends at
+    its next decode step or document, and SIGTERM ends the process within seconds."""
+
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event | None = None) -> None:
         super().__init__(config)
+        self.stopping = stopping
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.stopping is not None:
+            self.stopping.set()
+        await super().shutdown(sockets)
+
+
+class AnnouncingServer(StoppingServer):
+    """Also calls `announce` once it listens (after the app's startup)."""
+
+    def __init__(
+        self, config: uvicorn.Config, announce: Callable[[], None], stopping: threading.Event | None = None
+    ) -> None:
+        super().__init__(config, stopping)
         self.announce = announce
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:

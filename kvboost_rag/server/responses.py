@@ -87,6 +87,10 @@ class ChunkWriter:
     def delta(self, text: str) -> str:
         return self._event([self._choice(text, None)])
 
+    def error(self, error: Any) -> str:
+        """The event that ends a stream cut short (the server stopping), in OpenAI's error shape."""
+        return f"data: {json.dumps(error.body())}\n\n"
+
     def finish(self, result: GenerationResult, include_usage: bool) -> list[str]:
         events = [self._event([self._choice(None if self.chat else "", finish_reason(result.finish_reason))])]
         if include_usage:

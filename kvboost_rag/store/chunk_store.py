@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from ..plan.keys import ContentHash, PrefixHash, WindowKey
 from .entry import ChunkEntry, DocumentRecord
@@ -20,6 +20,8 @@ from .memory import MemoryStats, MemoryTier
 from .tier import ChunkTier
 
 T = TypeVar("T")
+# a document asked to be warm: stored everywhere, copied where a tier lacked it, or to encode again
+DocumentState = Literal["warm", "restored", "missing"]
 
 
 class ChunkStore:
@@ -102,6 +104,36 @@ class ChunkStore:
         if self.memory.has_document(doc_key):
             return True
         return any(self.safely(t, "document lookup", lambda: t.has_document(doc_key), False) for t in self.tiers)
+
+    def complete_document(self, record: DocumentRecord) -> DocumentState:
+        """Whether a document is warm in memory and every tier, checked tier by tier: memory
+        saying "warm" does not mean a tier kept it (a write failed, Redis lost its data). A tier
+        that lacks it gets its chunks from memory or another tier, without a model pass
+        ("restored"); "missing": some chunk is held nowhere, so the document is encoded again."""
+        doc_key = record.doc_key
+        lacking = [
+            t for t in self.tiers if not self.safely(t, "document lookup", lambda: t.has_document(doc_key), False)
+        ]
+        if len(lacking) == len(self.tiers) and not self.memory.has_document(doc_key):
+            return "missing"  # held nowhere whole (with no tiers: not in memory)
+        if not lacking:
+            return "warm"
+        restored = True
+        for tier in lacking:
+            if getattr(tier, "read_only", False):
+                restored = False  # lookups only: nothing to write there
+                continue
+            for chunk in record.chunks:
+                if not self.safely(tier, "chunk lookup", lambda: tier.contains(chunk), False):
+                    entry = self.get_content(chunk)  # memory, then the other tiers
+                    if entry is None:
+                        return "missing"
+                    self.safely(tier, "storing a chunk", lambda: tier.put(entry), False)
+            if self.safely(tier, "storing a document", lambda: _holds_all(tier, record), False):
+                self.safely(tier, "storing a document", lambda: tier.put_document(record), None)
+            else:
+                restored = False
+        return "restored" if restored else "warm"
 
     # writes ------------------------------------------------------------------------------
     def put(self, entry: ChunkEntry, *, persist: bool = True) -> bool:

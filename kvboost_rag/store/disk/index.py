@@ -1,10 +1,9 @@
 """The disk tier's index: one SQLite database (WAL) that several processes read and write.
 
-Tables: `meta` (schema version, match window), `settings` (the key settings each model's
-documents were written with), `models` (the name of the model chunks of a fingerprint came
-from), `entries` (one row per chunk file), `windows` (window key -> chunk, the
-approximate-matching index) and `documents`. Every query is by index: nothing here scans the
-stored chunks on a request's path.
+Tables: `meta` (schema version, match window), `settings` (each model's key settings), `models`
+(the name of a fingerprint's model), `entries` (one row per chunk file), `windows` (window key ->
+chunk, the approximate-matching index) and `documents`. Every query is by index: nothing here
+scans the stored chunks on a request's path.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ...plan.keys import ContentHash, Fingerprint, WindowKey
 from ..settings import SCHEMA_VERSION, KeySettings
 from ..tier import ModelStats
+from .identity import file_identity
 
 if TYPE_CHECKING:
     from ..entry import DocumentRecord  # torch: not for `cache stats`, which opens the index alone
@@ -98,6 +99,7 @@ class DiskIndex:
                     self._set_meta("schema_version", str(SCHEMA_VERSION))
                     if has_rows:
                         self._set_meta("match_window", "16")
+        self._identity = file_identity(path)  # None: no file (an empty read-only index, in memory)
         if version is not None and int(version) > SCHEMA_VERSION:
             self._db.close()
             raise StoreVersionError(
@@ -107,6 +109,10 @@ class DiskIndex:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def replaced(self) -> bool:
+        """Whether the index's path no longer names the file this connection writes (deleted, rebuilt)."""
+        return self._identity is not None and file_identity(self.path) != self._identity
 
     # meta and settings -------------------------------------------------------------------
     def meta(self, name: str) -> str | None:
@@ -150,8 +156,7 @@ class DiskIndex:
             self._db.execute("INSERT OR REPLACE INTO models (model, name) VALUES (?, ?)", (fingerprint, name))
 
     def model_names(self) -> dict[bytes, str]:
-        """Each model's recorded name; none from a store written before names were (opened read-only,
-        it lacks the table)."""
+        """Each model's recorded name; none where a store written before names were lacks the table."""
         with self._lock:
             try:
                 return {bytes(model): name for model, name in self._db.execute("SELECT model, name FROM models")}
@@ -237,10 +242,7 @@ class DiskIndex:
     def document_chunks(self, doc_key: bytes) -> list[bytes] | None:
         with self._lock:
             row = self._db.execute("SELECT chunks FROM documents WHERE doc_key = ?", (doc_key,)).fetchone()
-        if row is None:
-            return None
-        blob = row[0]
-        return [bytes(blob[i : i + HASH_BYTES]) for i in range(0, len(blob), HASH_BYTES)]
+        return None if row is None else _hashes(row[0])
 
     def count_present(self, chunks: list[bytes]) -> int:
         unique = list(set(chunks))
@@ -257,16 +259,18 @@ class DiskIndex:
 
     # maintenance -------------------------------------------------------------------------
     def stats(self) -> list[ModelStats]:
+        """Per model; a document counts where all its chunks are stored (pruning leaves its record)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT e.fingerprint, COUNT(*), SUM(e.nbytes), SUM(e.pinned), "
-                "(SELECT COUNT(*) FROM documents d WHERE d.fingerprint = e.fingerprint) "
-                "FROM entries e GROUP BY e.fingerprint"
+                "SELECT fingerprint, COUNT(*), SUM(nbytes), SUM(pinned) FROM entries GROUP BY fingerprint"
             ).fetchall()
+            present = set(self.all_keys())
+            records = self._db.execute("SELECT fingerprint, chunks FROM documents")
+            documents = Counter(bytes(fp) for fp, blob in records if set(_hashes(blob)) <= present)
         names = self.model_names()
         return [
-            ModelStats(bytes(fp).hex()[:16], docs, chunks, size, pinned, names.get(bytes(fp), ""))
-            for fp, chunks, size, pinned, docs in rows
+            ModelStats(bytes(fp).hex()[:16], documents[bytes(fp)], chunks, size, pinned, names.get(bytes(fp), ""))
+            for fp, chunks, size, pinned in rows
         ]
 
     def total_bytes(self) -> int:
@@ -288,3 +292,7 @@ class DiskIndex:
                 "SELECT content_hash, nbytes FROM entries WHERE pinned = 0 ORDER BY last_access, hits"
             ).fetchall()
         return [(bytes(key), int(size)) for key, size in rows]
+
+
+def _hashes(blob: bytes) -> list[bytes]:
+    return [bytes(blob[i : i + HASH_BYTES]) for i in range(0, len(blob), HASH_BYTES)]

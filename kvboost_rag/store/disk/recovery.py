@@ -1,27 +1,29 @@
 """Bringing a damaged store back: check the index itself, rebuild it from the files, verify chunks.
 
 The index can be lost or damaged (a disk error, a copy cut short, a file overwritten by hand).
-Every v2 chunk file holds its own index row, and the sidecars hold documents, settings and the
-match window, so the index is rebuilt from them; a v1 file, which does not hold its tokens, is
+Every v2 chunk file holds its own index row, and the sidecars hold documents, pins, settings and
+the match window, so the index is rebuilt from them; a v1 file, which does not hold its tokens, is
 removed (its document is recomputed when next warmed).
 """
 
 from __future__ import annotations
 
+import fcntl
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ...plan.keys import ContentHash, Fingerprint, indexed_window_keys
-from ..entry import DocumentRecord
-from ..format import read_record
+from ...plan.keys import Fingerprint
 from ..settings import KeySettings
-from .index import DiskIndex, EntryRow
+from .adoption import index_chunk_file, restore_documents, restore_pins
+from .index import DiskIndex
 from .sidecars import read_manifest, read_sidecars
 from .tier import INDEX_FILE, DiskStore, VerifyReport
+
+LOCK_FILE = ".rebuild.lock"
 
 
 @dataclass(slots=True)
@@ -50,8 +52,22 @@ def index_damage(root: Path) -> list[str]:
     return [] if rows == ["ok"] else rows
 
 
+@contextmanager
+def rebuilding(root: Path) -> Iterator[None]:
+    """One rebuild at a time across processes (a lock file beside the index)."""
+    try:
+        handle = open(root / LOCK_FILE, "a+b")  # noqa: SIM115 - held across the yield
+    except OSError:  # a read-only store: nothing can be rebuilt there anyway
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def rebuild_index(root: Path) -> RecoveryReport:
-    """A new index from the chunk files and sidecars; the damaged one is kept aside, renamed."""
+    """A new index from the chunk files and sidecars (documents, pins); the damaged one is kept
+    aside, renamed. Callers hold `rebuilding(root)`."""
     report = RecoveryReport()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for suffix in ("", "-wal", "-shm"):
@@ -62,42 +78,36 @@ def rebuild_index(root: Path) -> RecoveryReport:
     window = index.claim_match_window(int(read_manifest(root).get("match_window", 16)))
     for path in sorted((root / "kv").rglob("*.safetensors")):
         try:
-            record = read_record(path.read_bytes())
+            report.rebuilt_chunks += index_chunk_file(index, root, path, window)
         except (OSError, ValueError):
             path.unlink(missing_ok=True)
             report.unrecoverable_files += 1
-            continue
-        keys = indexed_window_keys(Fingerprint(record.fingerprint), record.tokens, window)
-        row = EntryRow(
-            record.content_hash,
-            record.fingerprint,
-            record.prefix_hash,
-            record.base_position,
-            record.next_chunk,
-            record.tokens.astype(np.int64).tobytes(),
-            record.importance,
-            str(path.relative_to(root)),
-        )
-        report.rebuilt_chunks += index.insert(row, path.stat().st_size, [(k, i * window) for i, k in enumerate(keys)])
     for item in read_sidecars(root, "settings"):
         index.record_settings(Fingerprint(bytes.fromhex(item["model"])), KeySettings.from_json(item["settings"]))
     for item in read_sidecars(root, "names"):
         index.record_name(Fingerprint(bytes.fromhex(item["fingerprint"])), item["name"])
-    for item in read_sidecars(root, "documents"):
-        chunks = tuple(ContentHash(bytes.fromhex(c)) for c in item["chunks"])
-        if index.count_present(list(chunks)) == len(set(chunks)):
-            fingerprint = Fingerprint(bytes.fromhex(item["fingerprint"]))
-            index.put_document(DocumentRecord(bytes.fromhex(item["doc_key"]), fingerprint, chunks, item["tokens"]))
-            report.rebuilt_documents += 1
+    report.rebuilt_documents = restore_documents(index, root)
+    restore_pins(index, root)
     index.close()
     return report
+
+
+def rebuild_if_missing(root: Path) -> bool:
+    """Rebuild a deleted index from the files (under a running server: `DiskStore` reopens it);
+    False where another process had rebuilt it already."""
+    with rebuilding(root):
+        if (root / INDEX_FILE).exists():
+            return False
+        rebuild_index(root)
+        return True
 
 
 def verify_store(root: str | Path, orphan_age_s: float = 600.0) -> RecoveryReport:
     """Check the index (rebuilt when damaged or missing), then every chunk's checksum."""
     root = Path(root).expanduser()
-    damage = index_damage(root)
-    report = rebuild_index(root) if damage else RecoveryReport()
+    with rebuilding(root):
+        damage = index_damage(root)
+        report = rebuild_index(root) if damage else RecoveryReport()
     report.index_damage = damage
     store = DiskStore(root)
     try:

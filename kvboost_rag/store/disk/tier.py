@@ -10,6 +10,7 @@ fails its checksum on load is dropped with a warning and its document recomputed
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, indexe
 from ..entry import ChunkEntry, DocumentRecord
 from ..format import deserialize, serialize, to_device, write_atomically
 from ..settings import KeySettings
+from .adoption import take_back_strays, write_pin
 from .index import INDEX_FILE, DiskIndex, EntryRow, ModelStats
 from .sidecars import MANIFEST_FILE, document_json, names_json, settings_json, write_manifest, write_sidecar
 from .summary import orphan_files
@@ -32,7 +34,8 @@ from .summary import orphan_files
 class VerifyReport:
     checked: int = 0
     dropped: list[str] = field(default_factory=list)  # corrupted or missing files, unindexed
-    orphans_removed: int = 0  # files no index row points to (a write killed before indexing)
+    orphans_removed: int = 0  # unreadable files no index row points to (a write killed mid-file)
+    adopted: int = 0  # whole chunk files no row named (indexed into a replaced index): indexed again
 
 
 class DiskStore:
@@ -59,12 +62,33 @@ class DiskStore:
         if not self.read_only and not (self.root / MANIFEST_FILE).exists():
             write_manifest(self.root, self.window)
         self._stored_bytes: int | None = None  # the index's total, kept current between scans
+        self._reopening = threading.Lock()
 
     def __str__(self) -> str:
         return str(self.root)
 
     def close(self) -> None:
         self.index.close()
+
+    def _check_index(self) -> None:
+        """Before a write: an index deleted under this process (its writes would go to a file no one
+        sees) is rebuilt from the chunk files, and one replaced (`cache verify`) is reopened."""
+        if self.read_only or not self.index.replaced():
+            return
+        with self._reopening:
+            if not self.index.replaced():
+                return
+            path = self.root / INDEX_FILE
+            deleted = not path.exists()
+            how = "deleted: rebuilt from the chunk files" if deleted else "replaced: reopened"
+            warnings.warn(f"chunk store {self.root}: its index was {how}", stacklevel=3)
+            self.index.close()
+            if deleted:
+                from .recovery import rebuild_if_missing  # NOTE: recovery imports this module
+
+                rebuild_if_missing(self.root)
+            self.index = DiskIndex(path)
+            self._stored_bytes = None
 
     # how it was written ------------------------------------------------------------------
     @property
@@ -76,12 +100,14 @@ class DiskStore:
 
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
         if not self.read_only:
+            self._check_index()
             self.index.record_settings(model, settings)
             key = model + settings.to_json().encode()
             write_sidecar(self.root, "settings", key, settings_json(model, settings))
 
     def record_names(self, fingerprints: Iterable[Fingerprint], name: str) -> None:
         if not self.read_only:
+            self._check_index()
             for fingerprint in fingerprints:
                 self.index.record_name(fingerprint, name)
                 write_sidecar(self.root, "names", fingerprint, names_json(fingerprint, name))
@@ -99,6 +125,7 @@ class DiskStore:
     def put(self, entry: ChunkEntry) -> bool:
         """Persist a document chunk; False when it is there already, the store is read-only, or
         the chunk does not fit the budget even after pruning."""
+        self._check_index()
         if self.read_only or self.index.contains(entry.content_hash):
             return False
         name = entry.content_hash.hex()
@@ -127,6 +154,7 @@ class DiskStore:
     def remove(self, key: ContentHash) -> None:
         if self.read_only:
             return
+        self._check_index()
         file = self.index.delete(key)
         if file is not None:
             (self.root / file).unlink(missing_ok=True)
@@ -138,22 +166,27 @@ class DiskStore:
     def touch(self, keys: Iterable[ContentHash]) -> None:
         """Record use, for eviction (least recently used first); skipped when read-only."""
         if not self.read_only:
+            self._check_index()
             self.index.touch(keys)
 
     def put_document(self, record: DocumentRecord) -> None:
         if not self.read_only:
+            self._check_index()
             self.index.put_document(record)
             write_sidecar(self.root, "documents", record.doc_key, document_json(record))
 
     def has_document(self, doc_key: bytes) -> bool:
+        self._check_index()  # warming asks first: a rebuilt index knows what the files hold
         chunks = self.index.document_chunks(doc_key)
         return chunks is not None and self.index.count_present(chunks) == len(set(chunks))
 
     def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool:
+        self._check_index()
         chunks = self.index.document_chunks(doc_key)
         if chunks is None or self.read_only:
             return False
         self.index.set_pinned(chunks, pinned)
+        write_pin(self.root, doc_key, chunks, pinned)  # kept where a rebuilt index reads it
         return True
 
     # maintenance -------------------------------------------------------------------------
@@ -168,19 +201,16 @@ class DiskStore:
         return orphan_files(self.root, self.index)
 
     def verify(self, orphan_age_s: float = 600.0) -> VerifyReport:
-        """Load every indexed chunk (checksums), drop the bad ones, and remove files no row points
-        to once they are `orphan_age_s` old (younger ones may be another process's write)."""
+        """Load every indexed chunk (checksums) and drop the bad ones. A file no row names is left
+        alone while younger than `orphan_age_s` (a live writer's, about to be indexed); older, a
+        whole chunk is indexed again (with its documents), and only what is no chunk is removed:
+        a partial file of a writer no longer running."""
         report = VerifyReport()
         for key in self.index.all_keys():
             report.checked += 1
             if self.get(ContentHash(key)) is None:
                 report.dropped.append(key.hex())
-        indexed = self.index.files()
-        cutoff = time.time() - orphan_age_s
-        for path in (self.root / "kv").rglob("*"):
-            if path.is_file() and str(path.relative_to(self.root)) not in indexed and path.stat().st_mtime <= cutoff:
-                path.unlink(missing_ok=True)  # a temporary file or a write killed before indexing
-                report.orphans_removed += 1
+        report.adopted, report.orphans_removed = take_back_strays(self.index, self.root, self.window, orphan_age_s)
         return report
 
     def prune(self, budget_bytes: int) -> int:

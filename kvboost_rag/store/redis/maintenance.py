@@ -25,24 +25,26 @@ class RedisVerifyReport:
 
 
 def model_stats(connection: NamespaceConnection) -> list[ModelStats]:
-    """Documents, chunks, bytes and pinned chunks per model, from the document records."""
-    by_model: dict[str, tuple[int, set[bytes]]] = {}
+    """Documents (those whose chunks are all stored), chunks, bytes and pinned chunks per model,
+    from the document records."""
+    by_model: dict[str, list[set[bytes]]] = {}
     for key in connection.scan("d"):
         text = connection.call(lambda: connection.client.get(key))
         if text is None:
             continue
         record = json.loads(text)
-        documents, chunks = by_model.get(record["fingerprint"], (0, set()))
-        by_model[record["fingerprint"]] = (documents + 1, chunks | {bytes.fromhex(c) for c in record["chunks"]})
+        by_model.setdefault(record["fingerprint"], []).append({bytes.fromhex(c) for c in record["chunks"]})
     recorded = cast("dict[bytes, bytes]", connection.call(lambda: connection.client.hgetall(connection.layout.models)))
     names = {k.decode(): v.decode() for k, v in recorded.items()}
     rows = []
-    for fingerprint, (documents, chunks) in sorted(by_model.items()):
+    for fingerprint, documents in sorted(by_model.items()):
+        chunks = list(set().union(*documents))
         sizes, ttls = _sizes_and_ttls(connection, chunks)
-        present = [s for s in sizes if s]
+        stored = {chunk for chunk, size in zip(chunks, sizes) if size}
+        complete = sum(1 for document in documents if document <= stored)  # evicted chunks: not whole
         pinned = sum(1 for s, t in zip(sizes, ttls) if s and t == -1)
         name = names.get(fingerprint, "")
-        rows.append(ModelStats(fingerprint[:16], documents, len(present), sum(present), pinned, name))
+        rows.append(ModelStats(fingerprint[:16], complete, len(stored), sum(sizes), pinned, name))
     return rows
 
 

@@ -1,0 +1,67 @@
+"""`POST /kvboost/warm`: documents warmed after their nearest, within a size a request may ask for.
+
+Warming is model work like a generation: it takes a place in admission (`/health` counts it, a
+full queue is a 429), and it stops between documents once its client left or the server stops.
+A request past `max_documents` or `max_bytes` is a 413 before any work: 5,000 documents take many
+minutes on a CPU, far past any client's timeout, so a corpus is warmed in batches (or with
+`kvboost-rag warm`, which has no such limit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine import KVBoostRAG
+from ..engine.inputs import can_be_neighbour
+from ..engine.result import WarmReport
+from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, HeldDocuments, embedder_installed, found_by
+from .errors import APIError
+from .schemas import WarmRequest
+
+DEFAULT_MAX_DOCUMENTS = 256  # ~1 minute of warming on 2 CPU cores with the default model
+DEFAULT_MAX_BYTES = 8 * 2**20
+
+
+@dataclass(slots=True, frozen=True)
+class WarmLimits:
+    max_documents: int = DEFAULT_MAX_DOCUMENTS
+    max_bytes: int = DEFAULT_MAX_BYTES  # the documents' text, UTF-8
+
+    def check(self, body: WarmRequest) -> None:
+        """A 413 naming the limit a request passes."""
+        count = len(body.documents)
+        if count > self.max_documents:
+            raise APIError(
+                413,
+                f"{count} documents in one request; this server warms at most {self.max_documents} per request "
+                "(--max-warm-documents): send them in batches",
+                param="documents",
+                code="too_many_documents",
+            )
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in body.documents)
+        if size > self.max_bytes:
+            raise APIError(
+                413,
+                f"{size} bytes of documents in one request; this server takes at most {self.max_bytes} "
+                "(--max-warm-bytes): send them in batches",
+                param="documents",
+                code="request_too_large",
+            )
+
+
+def warm_with_neighbours(
+    engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments, default: int | None = None
+) -> WarmReport:
+    """Each document warmed after its nearest among the request's documents and those this
+    server warmed before, as `kvboost-rag warm` warms a corpus: as many as the request says, else
+    `default` (`serve --neighbours`), else 4 where the bundled embedder is installed (else alone)."""
+    count = body.neighbours if body.neighbours is not None else default
+    if count is None:
+        count = DEFAULT_NEIGHBOURS if embedder_installed() else 0
+    elif count and not embedder_installed():
+        raise APIError(
+            400, "neighbours are found by the bundled embedder: install kvboost-rag[eval]", param="neighbours"
+        )
+    documents = body.documents
+    nearest = held.nearest(documents, count, can_be_neighbour) if count else None
+    return engine.warm(documents, pin=body.pin, neighbours=nearest, neighbours_from=found_by(BUNDLED_EMBEDDER, count))
