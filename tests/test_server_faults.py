@@ -158,8 +158,9 @@ def test_a_non_streaming_request_stops_when_its_client_leaves(tiny_engine: KVBoo
 
 
 def test_an_abandoned_warm_is_counted_and_stops_between_documents(tiny_engine: KVBoostRAG) -> None:
-    documents = [f"Document {i}: " + " ".join(f"word{i}x{j}" for j in range(300)) for i in range(200)]
-    with serving(tiny_engine, ServerSettings(max_running=1, max_waiting=0)) as root:
+    documents = [f"Document {i}: " + " ".join(f"word{i}x{j}" for j in range(60)) for i in range(1000)]
+    settings = ServerSettings(max_running=1, max_waiting=0, max_warm_documents=5000, max_warm_bytes=2**26)
+    with serving(tiny_engine, settings) as root:
         seen: dict[str, int] = {}
 
         def watch() -> None:
@@ -180,10 +181,11 @@ def test_an_abandoned_warm_is_counted_and_stops_between_documents(tiny_engine: K
 
 
 def test_sigterm_stops_a_running_generation_and_a_warm_within_seconds(tiny_model_dir: Path) -> None:
-    with serve_process(tiny_model_dir, "--store", "memory", "--max-running", "2") as (root, process):
+    flags = ["--store", "memory", "--max-running", "2", "--max-warm-documents", "5000", "--max-warm-bytes", "64MiB"]
+    with serve_process(tiny_model_dir, *flags) as (root, process):
         chat = {"model": "x", "messages": LONG, "max_tokens": 1900, "temperature": 0}
         name = httpx.get(root + "/v1/models").json()["data"][0]["id"]
-        documents = [f"Document {i}: " + " ".join(f"w{i}x{j}" for j in range(300)) for i in range(200)]
+        documents = [f"Document {i}: " + " ".join(f"w{i}x{j}" for j in range(60)) for i in range(1000)]
         answers: dict[str, int] = {}
 
         def post(kind: str, path: str, body: dict) -> None:

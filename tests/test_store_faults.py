@@ -216,3 +216,22 @@ def test_sigkill_at_a_random_point_then_verify_and_resume(
     resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert DiskStore(store).stats()[0].documents == len(set(documents))
+
+
+def test_rewarming_restores_what_redis_lost_from_memory_without_a_model_pass(
+    tiny_model_dir: Path, passages: list[str]
+) -> None:
+    """Memory saying "warm" is not enough: a document Redis lost (a restart without persistence,
+    FLUSHALL) is written there again from the memory tier's KV when it is warmed again."""
+    from kvboost_lab.redis_server import local_redis
+
+    with local_redis() as server:
+        engine = tiny(tiny_model_dir, server.url)
+        assert engine.warm(passages[:3]).encoded_documents == 3
+        server.client().flushall()
+        report = engine.warm(passages[:3])
+        assert report.restored_documents == 3 and report.tokens_encoded == 0, report
+        fresh = tiny(tiny_model_dir, server.url)  # another worker: finds them in Redis again
+        again = fresh.warm(passages[:3])
+        assert again.skipped_documents == 3 and again.restored_documents == 0 and again.tokens_encoded == 0
+        assert_answers_as_full_prefill(fresh, prompt_of(passages[:3]))
