@@ -181,3 +181,10 @@ def test_cache_commands_on_redis_create_nothing_and_name_the_model(tmp_path: Pat
         result = cli("cache", "stats", "--store", server.url)
         assert result.exit_code == 0, result.output
         assert result.stdout.splitlines()[2].split()[:2] == ["redis-model", fingerprint.hex()[:16]]
+        fresh = subprocess.run(
+            [sys.executable, "-c", IMPORTS_AFTER, json.dumps([["cache", "stats", "--store", server.url]])],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert json.loads(fresh.stdout.splitlines()[-1]) == {"codes": [0], "imported": []}, "stats on Redis: no torch"

@@ -26,4 +26,6 @@ def test_the_python_api_example_runs_and_reuses_the_documents_it_warmed(
     monkeypatch.setattr(KVBoostRAG, "from_pretrained", classmethod(lambda cls, *args, **kwargs: own))
     exec(compile(block, f"{README}:python block 1", "exec"), {})
     printed = capsys.readouterr().out.strip().splitlines()
-    assert int(printed[-1]) > 0, "the streamed answer reused the warmed documents' KV"
+    assert printed[-1].startswith("reused tokens: ") and int(printed[-1].split()[-1]) > 0, (
+        "the streamed answer reused the warmed documents' KV"
+    )

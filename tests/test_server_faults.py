@@ -5,21 +5,20 @@ deleted under it. Real processes where it matters: `kvboost-rag serve` as a subp
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
+from kvboost_lab.http_server import free_port, serving_app
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.server import ServerSettings, create_app
 from kvboost_rag.server.listen import StoppingServer
@@ -28,29 +27,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 LONG = [{"role": "user", "content": "Tell me a very long story about the sea."}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serving(engine: Any, settings: ServerSettings) -> Iterator[str]:
+def serving(engine: Any, settings: ServerSettings) -> AbstractContextManager[str]:
     """The app in a uvicorn thread (the server `serve` runs); yields its root URL."""
-    port = free_port()
     app = create_app(engine, settings)
-    server = StoppingServer(uvicorn.Config(app, port=port, log_level="warning"), app.state.stopping)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    return serving_app(app, lambda config: StoppingServer(config, app.state.stopping))
 
 
 @contextmanager

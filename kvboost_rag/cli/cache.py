@@ -131,10 +131,18 @@ def cache_stats(*, options: dict[str, Any]) -> None:
 
             _print_disk(summarize(Path(locations.directory)))
     if locations.redis_url is not None:
-        from ..store.location import StoreLocations
+        with _reporting(locations):
+            from ..store.location import RedisLocation
+            from ..store.redis.connection import NamespaceConnection
+            from ..store.redis.maintenance import model_stats
 
-        with _opened(StoreLocations(None, locations.redis_url)) as (tier,):
-            _print_models(str(tier), tier.stats())
+            redis = RedisLocation.parse(locations.redis_url)
+            label = f"{redis.redacted()} (namespace {redis.namespace})"
+            connection = NamespaceConnection(redis, None, label)
+            try:  # the namespace's records only: no chunk is loaded, so torch is not imported
+                _print_models(label, model_stats(connection))
+            finally:
+                connection.close()
 
 
 def _print_disk(summary: DiskSummary) -> None:

@@ -83,7 +83,7 @@ def serve(
     max_warm_documents: Annotated[
         int,
         typer.Option(
-            envvar=env_var("max_warm_documents"), min=1, help="documents one /kvboost/warm request may send; past it, 413"
+            envvar=env_var("max_warm_documents"), min=1, help="documents one /kvboost/warm request may take; then 413"
         ),
     ] = DEFAULT_MAX_DOCUMENTS,
     max_warm_bytes: Annotated[

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,12 +12,13 @@ from .redis_server import free_port  # one way to find a port for every local se
 
 
 @contextmanager
-def serving_app(app: Any) -> Iterator[str]:
-    """The app on a free port until the block ends; yields its root URL (http://127.0.0.1:PORT)."""
+def serving_app(app: Any, make_server: Callable[[Any], Any] | None = None) -> Iterator[str]:
+    """The app on a free port until the block ends; yields its root URL (http://127.0.0.1:PORT).
+    `make_server(config)`: the uvicorn server to run (default `uvicorn.Server`)."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    server = (make_server or uvicorn.Server)(uvicorn.Config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

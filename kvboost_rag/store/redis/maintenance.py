@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ...plan.keys import ContentHash
-from ..entry import ChunkEntry
 from ..tier import ModelStats
 from .connection import NamespaceConnection, bytes_members, bytes_reply
+
+if TYPE_CHECKING:
+    from ..entry import ChunkEntry
 
 
 @dataclass(slots=True)
