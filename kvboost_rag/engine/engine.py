@@ -241,7 +241,7 @@ class KVBoostRAG:
             timings=StageTimings(tokenize_s=tokenize_s),
             sparse_decode=SparseDecode(sparse) if (sparse := self.config.sparse_decode).applies(len(tokens)) else None,
         )
-        return GenerationStream(self._run(request, observer or NO_OBSERVER))
+        return GenerationStream(self._run(request, observer or NO_OBSERVER), len(tokens))
 
     def plan(self, prompt: Prompt, *, mode: Mode | None = None) -> ReusePlan:
         """How a prompt would be served from the store now: which tokens are reused, and how."""

@@ -10,8 +10,9 @@ from .result import GenerationResult
 class GenerationStream(Iterator[str]):
     """Text deltas as each token is produced; `.result` is set once the stream is exhausted."""
 
-    def __init__(self, steps: Iterator[str]) -> None:
+    def __init__(self, steps: Iterator[str], prompt_tokens: int = 0) -> None:
         self._steps = steps
+        self.prompt_tokens = prompt_tokens  # known before the first step: callers check room with it
         self.result: GenerationResult | None = None
 
     def __next__(self) -> str:

@@ -92,20 +92,25 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     def start(prompt: Any, body: ChatCompletionRequest | CompletionRequest) -> GenerationStream:
         """The engine's stream, every argument checked: a refusal here is a 4xx before any model work."""
         try:
-            check_room(prompt, body)
-            return engine.stream(prompt, **stream_arguments(body, settings.temperature))
+            stream = engine.stream(prompt, **stream_arguments(body, settings.temperature))
         except PromptTooLongError as error:
             raise APIError(400, str(error), param="messages", code="context_length_exceeded") from None
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error)) from None
+        try:
+            check_room(stream.prompt_tokens, body)
+        except APIError:
+            stream.close()  # not started: no model work was done
+            raise
+        return stream
 
-    def check_room(prompt: Any, body: ChatCompletionRequest | CompletionRequest) -> None:
+    def check_room(prompt_tokens: int, body: ChatCompletionRequest | CompletionRequest) -> None:
         """A `max_tokens` the window cannot hold after the prompt is a 400, as vLLM answers (not
-        quietly cut): 2^63 would otherwise hold a running place for the window's whole length."""
+        quietly cut): 2^63 would otherwise hold a running place for the window's whole length.
+        The prompt's length comes from the engine's stream, so the prompt is tokenized once."""
         given = getattr(body, "max_completion_tokens", None) or body.max_tokens
         if given is None:
             return
-        prompt_tokens = len(engine.tokenize_prompt(prompt))
         if prompt_tokens < engine.max_context < prompt_tokens + given:
             raise APIError(
                 400,
