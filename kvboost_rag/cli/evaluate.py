@@ -40,7 +40,7 @@ def _counted(items: Iterable[int], count: Callable[[int], object]) -> Iterator[i
 
 
 @app.command("eval", epilog="Variants (--variants):\n" + described())
-@table_options("model", "dtype", "device", "store", defaults={"store": MEMORY_ONLY})
+@table_options("model", "dtype", "weights", "device", "store", defaults={"store": MEMORY_ONLY})
 def eval_command(
     data: Annotated[
         Path | None,
@@ -134,6 +134,7 @@ def eval_command(
     from ..eval.runner import run_eval
     from ..eval.variants import Baseline, rho_variants
     from ..eval.variants import variants as build_variants
+    from ..hf.fingerprint import weight_format
     from ..options import build_engine
 
     try:
@@ -220,6 +221,7 @@ def eval_command(
         seed=seed,
         model=engine.name,
         dtype=str(engine.dtype),
+        weights=weight_format(engine.model),
         repair=str(baseline.repair),
         exactness=str(baseline.exactness),
         sweep_questions=min(sweep_limit, len(chosen)),

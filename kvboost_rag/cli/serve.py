@@ -28,6 +28,7 @@ def _origins(given: list[str] | None) -> tuple[str, ...]:
 @table_options(
     "model",
     "dtype",
+    "weights",
     "device",
     "allow_unsupported",
     "store",

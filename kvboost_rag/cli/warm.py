@@ -45,6 +45,7 @@ class _Failures:
     "store",
     "model",
     "dtype",
+    "weights",
     "device",
     # what a store records (how documents were cut, encoded, kept and found) and what warming holds
     "chunk_size",

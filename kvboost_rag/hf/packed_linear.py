@@ -91,7 +91,8 @@ def _packable(module: nn.Module) -> bool:
     if type(module) is not nn.Linear or hasattr(module, "_hf_hook"):
         return False
     weight = module.weight
-    return type(weight) is nn.Parameter and weight.device.type == "cpu" and weight.dtype in PACKED_DTYPES
+    plain = type(weight) is nn.Parameter and type(weight.data) is torch.Tensor  # not a quantized subclass
+    return plain and weight.device.type == "cpu" and weight.dtype in PACKED_DTYPES
 
 
 def _checked_pack(linear: nn.Linear) -> PackedLinear | None:

@@ -1,0 +1,172 @@
+"""Linear layers on 4-bit weights in groups, through PyTorch's own CPU kernel.
+
+A decode step reads every weight once; on a CPU that read is most of the step. PyTorch ships a
+group-wise int4 weight-only product for CPUs (`_weight_int4pack_mm_for_cpu`, the kernel under
+torchao's int4 CPU layout): w = (q - 8) * scale + zero per group of input columns, q in 0..15.
+Over the default model's linear layers it reads ~3x less than packed bf16 and took 6.8-8.4
+against 18.8-29 ms a step on one AVX-512 core (docs/research-log.md, "Issue 33").
+
+The kernel takes bf16 activations (fp32 ones run ~20x slower), so on a CPU without native bf16
+the layer rounds its input to bf16 and returns fp32: still 2.6x faster than an fp32 `nn.Linear`
+there. A GGUF Q4_1 block (w = d * q + m, 32 weights) is this layout with scale d and zero
+m + 8d, so the default model's weights load as the file holds them (`hf.gguf_int4`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .fingerprint import WEIGHT_FORMAT, remember_weight_digest, weight_format
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+INT4_MAX_ROWS = 4  # more rows go to the dense weight where one is kept (see `Int4Linear`)
+# Looked up once: a decode step calls it 120-210 times. None in a torch without it (`int4_supported`).
+_INT4_MM: Any = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Weight:
+    """A weight [out, in] as codes 0..15 and, per group of `group_size` inputs, its scale and zero."""
+
+    codes: torch.Tensor  # [out, in] uint8
+    scales: torch.Tensor  # [out, in // group_size] float32
+    zeros: torch.Tensor  # [out, in // group_size] float32: the weight where the code is 8
+    group_size: int
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight in float32, as the kernel reads it."""
+        codes = self.codes.float().view(self.codes.shape[0], -1, self.group_size)
+        weight = (codes - 8) * self.scales.unsqueeze(-1) + self.zeros.unsqueeze(-1)
+        return weight.reshape(self.codes.shape)
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = 32) -> Int4Weight:
+    """Round-to-nearest, asymmetric per group (each group's minimum and maximum are kept)."""
+    out_features, in_features = weight.shape
+    if group_size not in INT4_GROUP_SIZES or in_features % group_size:
+        raise ValueError(f"int4 groups of {group_size} do not divide {in_features} inputs (sizes {INT4_GROUP_SIZES})")
+    groups = weight.detach().float().view(out_features, -1, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = ((groups - low.unsqueeze(-1)) / scales.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
+    return Int4Weight(codes.view(out_features, in_features), scales, low + 8 * scales, group_size)
+
+
+class Int4Linear(nn.Module):
+    """`nn.Linear`'s forward on an `Int4Weight` (CPU) for a few rows (decode steps), and on the
+    layer's dense weight, where it is kept, for more (prefill). Returns the input's dtype.
+
+    The int4 kernel is a matrix-vector product: over the default model's layers it led packed
+    bf16 at 1 row (7.1 against 19.0 ms) and 4 (11.7 against 15.1), and lost from 8 (21.6
+    against 18.8) to 64 rows (163 against 74), so a prompt's prefill would take twice as long.
+    """
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dense: nn.Linear | None = None) -> None:
+        super().__init__()
+        self.dense = dense  # packed with the model's other linear layers (`hf.packed_linear`)
+        self.out_features, self.in_features = weight.codes.shape
+        self.group_size = weight.group_size
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 2)
+        scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], dim=-1).to(torch.bfloat16)
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous(), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None and x.numel() > INT4_MAX_ROWS * self.in_features:
+            return self.dense(x)
+        rows = x.reshape(-1, self.in_features)
+        if rows.dtype != torch.bfloat16:
+            rows = rows.to(torch.bfloat16)
+        out = _INT4_MM(rows, self.packed_weight, self.group_size, self.scales_and_zeros)
+        if out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+def fused_int4(layers: list[Any]) -> Int4Linear | None:
+    """One int4 layer computing `layers` side by side (q, k and v; gate and up), for a decode step
+    that makes one call where it made three; None unless all are int4 layers on the same inputs.
+
+    The kernel packs rows in blocks, so the fused weight is the parts' rows one after the other
+    where each part fills whole blocks (checked on a probe: else None); each part then reads a
+    view of it, so the weights are held once.
+    """
+    if not all(isinstance(layer, Int4Linear) for layer in layers):
+        return None
+    first = layers[0]
+    if any(layer.in_features != first.in_features or layer.group_size != first.group_size for layer in layers):
+        return None
+    fused = Int4Linear.__new__(Int4Linear)
+    nn.Module.__init__(fused)
+    fused.in_features, fused.group_size, fused.dense = first.in_features, first.group_size, None
+    fused.out_features = sum(layer.out_features for layer in layers)
+    fused.register_buffer("packed_weight", torch.cat([layer.packed_weight for layer in layers]), persistent=False)
+    fused.register_buffer(
+        "scales_and_zeros", torch.cat([layer.scales_and_zeros for layer in layers], dim=1), persistent=False
+    )
+    biases = [layer.bias for layer in layers]
+    fused.bias = None
+    given = next((b for b in biases if b is not None), None)
+    if given is not None:
+        parts = [b.detach() if b is not None else given.new_zeros(n.out_features) for b, n in zip(biases, layers)]
+        fused.bias = nn.Parameter(torch.cat(parts), requires_grad=False)
+    probe = torch.randn(1, first.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    if not torch.equal(fused(probe), torch.cat([layer(probe) for layer in layers], dim=-1)):
+        return None  # the kernel packs in blocks of rows these parts do not fill (seen with 32-row parts)
+    start, weight = 0, fused.packed_weight
+    assert isinstance(weight, torch.Tensor)  # a buffer, registered above
+    for layer in layers:  # the parts read their rows of the fused weight: held once
+        layer.packed_weight = weight[start : start + layer.out_features]
+        start += layer.out_features
+    return fused
+
+
+def int4_supported(model: Any) -> str | None:
+    """Why `model` cannot take int4 linear layers here, or None."""
+    weight = next(model.parameters())
+    if weight.device.type != "cpu":
+        return f"int4 weights run on a CPU here (the model is on {weight.device.type})"
+    if _INT4_MM is None:
+        return f"this torch ({torch.__version__}) has no CPU int4 kernel"
+    if weight_format(model) != "float":
+        return f"the model is quantized already ({weight_format(model)})"
+    return None
+
+
+def quantize_linear_layers(
+    model: Any, group_size: int = 32, weights: dict[str, Int4Weight] | None = None, keep_dense: bool = True
+) -> int:
+    """Swap the decoder layers' `nn.Linear`s for `Int4Linear`s; returns how many.
+
+    `weights`: ready codes by module name (a GGUF file's blocks); other layers are quantized from
+    their own weights. The output head stays as it is (its rounding moves every logit, and it is
+    tied to the embedding in small models). `keep_dense` keeps each layer's dense weight for
+    passes of many rows (prefill, repair), at the cost of holding both. The model is changed in
+    place, and its fingerprint names the format: KV written under one weight format is never
+    read under another.
+    """
+    reason = int4_supported(model)
+    if reason is not None:
+        raise ValueError(reason)
+    weights = weights or {}
+    remember_weight_digest(model)  # as loaded, before the plain weights go
+    swapped = 0
+    for name, module in list(model.base_model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is not nn.Linear:
+                continue
+            full = f"{name}.{child_name}" if name else child_name
+            int4 = weights.get(full) or quantize_int4(child.weight, group_size)
+            setattr(module, child_name, Int4Linear(int4, child.bias, child if keep_dense else None))
+            swapped += 1
+    setattr(model, WEIGHT_FORMAT, f"int4-g{group_size}")
+    return swapped

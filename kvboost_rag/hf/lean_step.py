@@ -1,0 +1,213 @@
+"""A decode step without transformers' per-call machinery, for Llama-shaped decoders.
+
+One token through a 135M-parameter model is ~1,000 small operators; around them transformers
+runs its module calls, keyword plumbing, output hooks, mask building and cache bookkeeping
+for every layer. On a CPU that machinery costs as much as the operators. This step runs the
+same operators on the same modules' weights (the same linear layers, packed or quantized as
+the model holds them) and the engine's own single-query attention, so its logits are the
+model's own forward's (tests/test_lean_step.py), in a fraction of the time.
+
+Only decoders whose layers are the Llama pattern take it (Llama, Mistral without a sliding
+window, Qwen2, SmolLM): RMSNorm, rotary on q and k from the model's own rotary module, grouped
+attention without soft-capping, a gated SiLU MLP. Any other model, or a step with decode-time
+KV retrieval, goes through the model's forward as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from ..ops.attention import single_query_attention, single_query_on_matmuls
+from .attention import REUSE_ATTENTION
+from .cache import GrowingLayer, forward_last_logits
+from .int4_linear import fused_int4
+
+log = logging.getLogger(__name__)
+
+LEAN_MODEL_TYPES = {"llama", "mistral", "qwen2"}
+LEAN_STEP = "_kvboost_lean_step"
+
+
+@dataclass(frozen=True, slots=True)
+class LeanLayer:
+    """What one decoder layer's step reads."""
+
+    input_norm: torch.Tensor
+    input_eps: float
+    q_proj: Callable[[torch.Tensor], torch.Tensor]
+    k_proj: Callable[[torch.Tensor], torch.Tensor]
+    v_proj: Callable[[torch.Tensor], torch.Tensor]
+    o_proj: Callable[[torch.Tensor], torch.Tensor]
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_proj: Callable[[torch.Tensor], torch.Tensor]
+    up_proj: Callable[[torch.Tensor], torch.Tensor]
+    down_proj: Callable[[torch.Tensor], torch.Tensor]
+    qkv_proj: Callable[[torch.Tensor], torch.Tensor] | None  # q, k and v in one call, where fused
+    gate_up_proj: Callable[[torch.Tensor], torch.Tensor] | None
+
+
+class LeanStep:
+    """`step(token, position, cache)` -> float32 logits of the next token, as the model's forward
+    would give them."""
+
+    def __init__(self, model: Any) -> None:
+        base = model.base_model
+        config = model.config.get_text_config(decoder=True)
+        self.embed = _called(base.embed_tokens)
+        self.rotary = base.rotary_emb
+        self.final_norm, self.final_eps = base.norm.weight, base.norm.variance_epsilon
+        self.head = _called(model.lm_head)
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scale = base.layers[0].self_attn.scaling
+        self.config = config
+        self.layers = [
+            LeanLayer(
+                layer.input_layernorm.weight,
+                layer.input_layernorm.variance_epsilon,
+                _called(layer.self_attn.q_proj),
+                _called(layer.self_attn.k_proj),
+                _called(layer.self_attn.v_proj),
+                _called(layer.self_attn.o_proj),
+                layer.post_attention_layernorm.weight,
+                layer.post_attention_layernorm.variance_epsilon,
+                _called(layer.mlp.gate_proj),
+                _called(layer.mlp.up_proj),
+                _called(layer.mlp.down_proj),
+                _fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                _fused(layer.mlp.gate_proj, layer.mlp.up_proj),
+            )
+            for layer in base.layers
+        ]
+        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+
+    @torch.inference_mode()
+    def __call__(self, token: torch.Tensor, position: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        hidden = self.embed(token.view(1, 1))
+        cos, sin = self.rotary(hidden, position.view(1, 1))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        # The attention the model's forward would run: the engine's for one 16-bit query on a CPU
+        # where the model was switched to it (`hf.attention`), sdpa's otherwise.
+        engine_attention = getattr(self.config, "_attn_implementation", None) == REUSE_ATTENTION
+        filling = len(cache.layers) < len(self.layers)
+        for index, layer in enumerate(self.layers):
+            if filling and index >= len(cache.layers):
+                cache.layers.append(GrowingLayer())
+            hidden = self._layer(layer, hidden, cos, sin, cache.layers[index], engine_attention)
+        hidden = _rms_norm(hidden, self.final_norm, self.final_eps)
+        return self.head(hidden)[0, -1].float()
+
+    def _layer(
+        self,
+        layer: LeanLayer,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: Any,
+        engine_attention: bool,
+    ) -> torch.Tensor:
+        normed = _rms_norm(hidden, layer.input_norm, layer.input_eps)
+        if layer.qkv_proj is not None:  # one call; rotary on q and k together (elementwise: the same numbers)
+            qkv = layer.qkv_proj(normed)
+            both = qkv[..., : self.q_size + self.kv_size].view(1, 1, self.heads + self.kv_heads, self.head_dim)
+            both = (both.transpose(1, 2) * cos + _rotate_half(both.transpose(1, 2)) * sin).transpose(1, 2)
+            query, key = both[:, :, : self.heads].transpose(1, 2), both[:, :, self.heads :].transpose(1, 2)
+            value = qkv[..., self.q_size + self.kv_size :].view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        else:
+            query = layer.q_proj(normed).view(1, 1, self.heads, self.head_dim).transpose(1, 2)
+            key = layer.k_proj(normed).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            value = layer.v_proj(normed).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+        keys, values = kv.update(key, value)
+        if engine_attention and single_query_on_matmuls(query):
+            float_keys = kv.float_keys() if isinstance(kv, GrowingLayer) else None
+            attended = single_query_attention(query, keys, values, self.scale, float_keys)
+        else:
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                query, keys, values, scale=self.scale, enable_gqa=True
+            ).transpose(1, 2)
+        hidden = hidden + layer.o_proj(attended.reshape(1, 1, -1))
+        normed = _rms_norm(hidden, layer.post_norm, layer.post_eps)
+        if layer.gate_up_proj is not None:
+            gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
+        else:
+            gate, up = layer.gate_proj(normed), layer.up_proj(normed)
+        gated = torch.nn.functional.silu(gate) * up
+        return hidden + layer.down_proj(gated)
+
+
+def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Llama RMSNorm (normalized in fp32, scaled in the input's dtype) in one fused
+    operator where it had five: the same numbers (tests/test_lean_step.py compares to the bit)."""
+    normed = torch.nn.functional.rms_norm(hidden.float(), (hidden.shape[-1],), eps=eps)
+    return weight * normed.to(hidden.dtype)
+
+
+def _fused(*modules: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    fused = None if any(_called(m) is m for m in modules) else fused_int4(list(modules))
+    return None if fused is None else fused.forward
+
+
+def _called(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The module's forward itself where no hook would run around it (one step makes 120-210
+    such calls; `nn.Module.__call__` adds its hook checks to each), else the module."""
+    hooks = (module._forward_hooks, module._forward_pre_hooks, torch.nn.modules.module._global_forward_hooks)
+    return module if any(hooks) or torch.nn.modules.module._global_forward_pre_hooks else module.forward
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def lean_step_reason(model: Any) -> str | None:
+    """Why `model` cannot take the lean step, or None if it can."""
+    config = model.config.get_text_config(decoder=True)
+    if config.model_type not in LEAN_MODEL_TYPES:
+        return f"model type {config.model_type!r} is not one of {sorted(LEAN_MODEL_TYPES)}"
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
+        return "its MLP is not a gated SiLU without bias"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "it attends through a sliding window"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "its linear layers are split for tensor parallelism"
+    if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", REUSE_ATTENTION):
+        return f"it runs attention {config._attn_implementation!r}"
+    layers = getattr(model.base_model, "layers", None)
+    if not layers or any(hasattr(module, "_hf_hook") for module in model.modules()):
+        return "its layers are offloaded or not where a Llama keeps them"
+    return None
+
+
+def lean_step_for(model: Any) -> LeanStep | None:
+    """The model's lean step, made once and kept on it; None where the model's forward must run."""
+    if hasattr(model, LEAN_STEP):
+        kept: LeanStep | None = getattr(model, LEAN_STEP)
+        return kept
+    reason, step = lean_step_reason(model), None
+    if reason is None:
+        try:
+            step = LeanStep(model)
+        except AttributeError as exc:  # a Llama-typed model with renamed parts
+            reason = f"a part is missing ({exc})"
+    if reason is not None:
+        log.info("decode steps run the model's forward: %s", reason)
+    setattr(model, LEAN_STEP, step)
+    return step
+
+
+def decode_step_logits(model: Any, token: torch.Tensor, position: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """`forward_last_logits` of one token [1] at `position` [1]: the lean step where the model
+    takes it, the model's forward elsewhere."""
+    step = lean_step_for(model)
+    if step is None:
+        return forward_last_logits(model, token, position, cache)
+    return step(token, position, cache)
