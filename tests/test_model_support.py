@@ -124,7 +124,8 @@ def test_gguf_file_loads_directly(engine: KVBoostRAG) -> None:
     """A GGUF path works like a folder: the embedded default's file gives the converted model's logits."""
     from kvboost_rag.hf.loader import default_model_gguf
 
-    direct = KVBoostRAG.from_pretrained(default_model_gguf(), dtype="float32", store="memory")
+    # Float weights, as the session's engine: on its own a Q4_1 file loads its blocks as int4 (test_weights.py).
+    direct = KVBoostRAG.from_pretrained(default_model_gguf(), dtype="float32", weights="float", store="memory")
     prompt = "The capital of France is"
     a, _ = direct.next_token_logits(prompt, mode="full")
     b, _ = engine.next_token_logits(prompt, mode="full")

@@ -16,6 +16,7 @@ KV retrieval, goes through the model's forward as before.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,9 @@ from .int4_linear import fused_int4
 log = logging.getLogger(__name__)
 
 LEAN_MODEL_TYPES = {"llama", "mistral", "qwen2"}
-LEAN_STEP = "_kvboost_lean_step"
+# Each model's step, made at its first decode step; beside the model, not on it (a model given
+# with `adapt_model=False` keeps its attributes as they were).
+_LEAN_STEPS: weakref.WeakKeyDictionary[Any, LeanStep | None] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +191,9 @@ def lean_step_reason(model: Any) -> str | None:
 
 
 def lean_step_for(model: Any) -> LeanStep | None:
-    """The model's lean step, made once and kept on it; None where the model's forward must run."""
-    if hasattr(model, LEAN_STEP):
-        kept: LeanStep | None = getattr(model, LEAN_STEP)
-        return kept
+    """The model's lean step, made once; None where the model's forward must run."""
+    if model in _LEAN_STEPS:
+        return _LEAN_STEPS[model]
     reason, step = lean_step_reason(model), None
     if reason is None:
         try:
@@ -200,7 +202,7 @@ def lean_step_for(model: Any) -> LeanStep | None:
             reason = f"a part is missing ({exc})"
     if reason is not None:
         log.info("decode steps run the model's forward: %s", reason)
-    setattr(model, LEAN_STEP, step)
+    _LEAN_STEPS[model] = step
     return step
 
 
