@@ -2,7 +2,8 @@
 
 A random model of the default model's shape (SmolLM2-135M: 30 layers, GQA 9/3 heads) in bf16 on
 CUDA, with the default tokenizer, over NQ passages: are reused KV and CacheBlend at rho 1 full
-prefill's logits there, does neighbour-aware warming record itself, and what do TTFT, whole
+prefill's logits there, does the lean decode step give the forward's tokens (and how fast is each),
+does neighbour-aware warming record itself, and what do TTFT, whole
 answers and decode cost with reuse against full prefill? Random weights make answers
 meaningless, not the numerics or the timings. Writes JSON.
 
@@ -25,6 +26,8 @@ from kvboost_rag import EngineConfig, ExactnessConfig, KVBoostRAG, RepairConfig
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.eval.run import run_info
+from kvboost_rag.hf.cache import forward_last_logits, make_cache
+from kvboost_rag.hf.lean_step import decode_step_logits, lean_step_for
 from kvboost_rag.plan.keys import content_hash
 
 
@@ -56,6 +59,37 @@ def timed(engine: KVBoostRAG, prompt: list[dict[str, str]], mode: str, tokens: i
         "reuse_share": result.reuse_share,
         "recomputed_tokens": result.recomputed_tokens,
         "first_token": result.token_ids[0],
+    }
+
+
+def lean_step(model: LlamaForCausalLM, ids: list[int], device: torch.device, steps: int = 16) -> dict[str, object]:
+    """The same greedy steps through `forward_last_logits` and `decode_step_logits`."""
+    results = []
+    for step in (forward_last_logits, decode_step_logits):
+        cache = make_cache()
+        logits = forward_last_logits(
+            model, torch.tensor(ids, device=device), torch.arange(len(ids), device=device), cache
+        )
+        tokens, times = [], []
+        for i in range(steps):
+            tokens.append(int(logits.argmax()))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            logits = step(
+                model, torch.tensor([tokens[-1]], device=device), torch.tensor([len(ids) + i], device=device), cache
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+        results.append((tokens, logits, statistics.median(times[2:])))
+    (forward_tokens, forward_logits, forward_s), (lean_tokens, lean_logits, lean_s) = results
+    return {
+        "used": lean_step_for(model) is not None,
+        "same_tokens": forward_tokens == lean_tokens,
+        "last_max_logit_diff": (forward_logits - lean_logits).abs().max().item(),
+        "forward_step_ms": forward_s * 1000,
+        "lean_step_ms": lean_s * 1000,
     }
 
 
@@ -93,12 +127,16 @@ def main() -> None:
     report["fp32_rho1_max_logit_diff"] = (every32 - full32).abs().max().item()
     del fp32
 
+    # the lean decode step against the model's own forward on the device: logits and step time
+    report["lean_step"] = lean_step(model, tokenizer(documents[0], add_special_tokens=False).input_ids, engine.device)
+
     # neighbour-aware warming records itself on the device
     together = KVBoostRAG(model, tokenizer, EngineConfig(store="memory"), name="random-smollm2")
     together.warm(documents[:1], neighbours=[documents[1:3]])
     ids = tokenizer(documents[0], add_special_tokens=False).input_ids
     entry = together.store.get_content(content_hash(together.keys.document, ids[: together.boundaries(ids)[1]]))
-    report["neighbour_context_tokens"] = entry.context_tokens if entry is not None else None
+    warmed_after = entry.warmed_after if entry is not None else None
+    report["neighbour_context_tokens"] = warmed_after.context_tokens if warmed_after is not None else None
 
     # timings: full prefill against reuse, k=10 and k=40, 32-token answers
     engine.generate("Warm-up.", max_new_tokens=4, mode="full")

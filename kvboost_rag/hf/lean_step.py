@@ -33,6 +33,7 @@ from .int4_linear import fused_int4
 log = logging.getLogger(__name__)
 
 LEAN_MODEL_TYPES = {"llama", "mistral", "qwen2"}
+_SDPA_GROUPS = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)  # sdpa's enable_gqa
 # Each model's step, made at its first decode step; beside the model, not on it (a model given
 # with `adapt_model=False` keeps its attributes as they were).
 _LEAN_STEPS: weakref.WeakKeyDictionary[Any, LeanStep | None] = weakref.WeakKeyDictionary()
@@ -135,9 +136,14 @@ class LeanStep:
             float_keys = kv.float_keys() if isinstance(kv, GrowingLayer) else None
             attended = single_query_attention(query, keys, values, self.scale, float_keys)
         else:
-            attended = torch.nn.functional.scaled_dot_product_attention(
-                query, keys, values, scale=self.scale, enable_gqa=True
-            ).transpose(1, 2)
+            if not _SDPA_GROUPS and self.heads != self.kv_heads:  # torch < 2.5: repeat K/V per query head
+                repeats = self.heads // self.kv_heads
+                keys, values = keys.repeat_interleave(repeats, dim=1), values.repeat_interleave(repeats, dim=1)
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            if _SDPA_GROUPS:
+                attended = sdpa(query, keys, values, scale=self.scale, enable_gqa=True).transpose(1, 2)
+            else:
+                attended = sdpa(query, keys, values, scale=self.scale).transpose(1, 2)
         hidden = hidden + layer.o_proj(attended.reshape(1, 1, -1))
         normed = _rms_norm(hidden, layer.post_norm, layer.post_eps)
         if layer.gate_up_proj is not None:
