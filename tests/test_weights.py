@@ -197,3 +197,18 @@ def test_layers_offloaded_to_disk_serve_with_reuse(tiny_model_dir: Path, tmp_pat
         answers.append(engine.generate("Q: when? " + document, max_new_tokens=6, ignore_eos=True))
     assert lean_step_for(offloaded) is None
     assert answers[0].token_ids == answers[1].token_ids and answers[0].reuse_share > 0.9
+
+
+def test_the_kept_blocks_are_rebuilt_when_unreadable(
+    engine: KVBoostRAG, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GGUF's blocks are kept once in the cache; a damaged copy is read past and written again."""
+    monkeypatch.setenv("KVBOOST_RAG_CACHE_DIR", str(tmp_path))
+    first = q4_1_weights(default_model_gguf(), engine.model.config)
+    (kept,) = (tmp_path / "models" / "int4").glob("*.safetensors")
+    kept.write_bytes(b"not a safetensors file")
+    again = q4_1_weights(default_model_gguf(), engine.model.config)
+    name = "layers.0.mlp.up_proj"
+    assert torch.equal(again[name].codes, first[name].codes) and len(again) == len(first)
+    assert kept.stat().st_size > 1_000_000, "written again"
+    assert torch.equal(q4_1_weights(default_model_gguf(), engine.model.config)[name].zeros, first[name].zeros)

@@ -45,9 +45,11 @@ def q4_1_weights(gguf_path: str | Path, config: Any) -> dict[str, Int4Weight]:
     other formats are left out (their layers are quantized from the loaded weights instead)."""
     path = Path(gguf_path)
     kept = _kept_path(path)
+    from safetensors import SafetensorError
+
     try:
         return _read_kept(kept)
-    except (OSError, ValueError, KeyError):  # not kept yet, or unreadable: read the file itself
+    except (OSError, ValueError, KeyError, SafetensorError):  # not kept yet, or unreadable: read the file itself
         pass
     weights = _read_gguf(path, config)
     _keep(weights, kept)
