@@ -15,6 +15,7 @@ Medians over --repeats. JSON: benchmarks/results/bench_decode_peers.json (or --o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -157,10 +158,8 @@ def main() -> None:
     if not have_llama:
         print(f"no llama-server at {args.llama_server} (make llama-server): llama.cpp left out")
     rows = []
-    server = LlamaServer(args.llama_server, default_model_gguf(), args.threads, 8192) if have_llama else None
-    try:
-        if server:
-            server.__enter__()
+    serving = LlamaServer(args.llama_server, default_model_gguf(), args.threads, 8192) if have_llama else None
+    with serving or contextlib.nullcontext() as server:
         for length in args.lengths:
             parts = passages_of_length(tokenizer, passages, length)
             prompt = "\n\n".join(parts)
@@ -180,9 +179,6 @@ def main() -> None:
                 row[peer]["tokens_per_s"] = 1 / row[peer]["step_s"]
             print(json.dumps(row), flush=True)
             rows.append(row)
-    finally:
-        if server:
-            server.__exit__()
     report = {
         "dtype": str(dtype),
         "max_new_tokens": args.max_new_tokens,

@@ -152,8 +152,7 @@ class Decoder:
         retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
         try:
             with self.model_lock:
-                step_logits = decode_step_logits if request.sparse_decode is None else forward_last_logits
-                request.logits = step_logits(
+                request.logits = decode_step_logits(
                     self.model, torch.tensor([token], device=self.device), position, request.cache
                 )
         finally:

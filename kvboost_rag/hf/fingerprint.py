@@ -31,8 +31,9 @@ def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> Fingerp
         str(dtype),
         json.dumps(rope_parameters(config), sort_keys=True, default=str),
     ]
-    if weight_format(model) != "float":  # only then, so stores written before formats were named keep their keys
-        parts.append(f"weights:{weight_format(model)}")
+    weights = weight_format(model)
+    if weights != "float":  # only then, so stores written before formats were named keep their keys
+        parts.append(f"weights:{weights}")
     return fingerprint_from_parts(parts)
 
 

@@ -67,13 +67,33 @@ class Int4Linear(nn.Module):
 
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dense: nn.Linear | None = None) -> None:
         super().__init__()
-        self.dense = dense  # packed with the model's other linear layers (`hf.packed_linear`)
-        self.out_features, self.in_features = weight.codes.shape
-        self.group_size = weight.group_size
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 2)
         scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], dim=-1).to(torch.bfloat16)
+        self._hold(packed, scales_and_zeros.contiguous(), weight.group_size, bias, dense)
+
+    @classmethod
+    def from_packed(
+        cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None
+    ) -> Int4Linear:
+        """A layer over weights already in the kernel's layout (`fused_int4`), without a dense copy."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._hold(packed, scales_and_zeros, group_size, bias, None)
+        return layer
+
+    def _hold(
+        self,
+        packed: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        group_size: int,
+        bias: torch.Tensor | None,
+        dense: nn.Linear | None,
+    ) -> None:
+        groups, self.out_features, _ = scales_and_zeros.shape  # [in / group_size, out, 2]
+        self.in_features, self.group_size = groups * group_size, group_size
+        self.dense = dense  # packed with the model's other linear layers (`hf.packed_linear`)
         self.register_buffer("packed_weight", packed, persistent=False)
-        self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous(), persistent=False)
+        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,20 +125,17 @@ def fused_int4(layers: list[Any]) -> Int4Linear | None:
     first = layers[0]
     if any(layer.in_features != first.in_features or layer.group_size != first.group_size for layer in layers):
         return None
-    fused = Int4Linear.__new__(Int4Linear)
-    nn.Module.__init__(fused)
-    fused.in_features, fused.group_size, fused.dense = first.in_features, first.group_size, None
-    fused.out_features = sum(layer.out_features for layer in layers)
-    fused.register_buffer("packed_weight", torch.cat([layer.packed_weight for layer in layers]), persistent=False)
-    fused.register_buffer(
-        "scales_and_zeros", torch.cat([layer.scales_and_zeros for layer in layers], dim=1), persistent=False
-    )
     biases = [layer.bias for layer in layers]
-    fused.bias = None
     given = next((b for b in biases if b is not None), None)
+    bias = None
     if given is not None:
-        parts = [b.detach() if b is not None else given.new_zeros(n.out_features) for b, n in zip(biases, layers)]
-        fused.bias = nn.Parameter(torch.cat(parts), requires_grad=False)
+        bias = torch.cat([b if b is not None else given.new_zeros(n.out_features) for b, n in zip(biases, layers)])
+    fused = Int4Linear.from_packed(
+        torch.cat([layer.packed_weight for layer in layers]),
+        torch.cat([layer.scales_and_zeros for layer in layers], dim=1),
+        first.group_size,
+        bias,
+    )
     probe = torch.randn(1, first.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     if not torch.equal(fused(probe), torch.cat([layer(probe) for layer in layers], dim=-1)):
         return None  # the kernel packs in blocks of rows these parts do not fill (seen with 32-row parts)

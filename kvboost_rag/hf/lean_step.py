@@ -26,6 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from ..ops.attention import single_query_attention, single_query_on_matmuls
+from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .attention import REUSE_ATTENTION
 from .cache import GrowingLayer, forward_last_logits
 from .int4_linear import fused_int4
@@ -215,8 +216,9 @@ def lean_step_for(model: Any) -> LeanStep | None:
 
 def decode_step_logits(model: Any, token: torch.Tensor, position: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """`forward_last_logits` of one token [1] at `position` [1]: the lean step where the model
-    takes it, the model's forward elsewhere."""
+    takes it, the model's forward elsewhere and while decode-time KV retrieval runs (its
+    attention lives in the forward's attention function, `hf.attention`)."""
     step = lean_step_for(model)
-    if step is None:
+    if step is None or ACTIVE_SPARSE_DECODE.get() is not None:
         return forward_last_logits(model, token, position, cache)
     return step(token, position, cache)

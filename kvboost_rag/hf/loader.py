@@ -34,7 +34,6 @@ class LoadedModel:
     name: str
     reuse_supported: bool
     unsupported_reason: str | None
-    weights: str = "float"  # the format its linear layers run in (`hf.weights`)
 
 
 def default_model_gguf() -> Path:
@@ -147,5 +146,5 @@ def load_model(
         reason = "its rotary embedding is not a single shared module the re-rotation can call"
         if not allow_unsupported:
             raise unsupported_error(config, name, reason)
-    weight_format = apply_weights(model, weights, gguf)
-    return LoadedModel(model, tokenizer, name, reason is None, reason, weight_format)
+    apply_weights(model, weights, gguf)  # the format it runs in: `hf.fingerprint.weight_format`
+    return LoadedModel(model, tokenizer, name, reuse_supported=reason is None, unsupported_reason=reason)
