@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .engine.compute import compute_thread
+
 # How many nearest documents each document is warmed after, wherever an index finds them: on 500
 # NQ questions (k=5, 10) warming after 4 with a smaller repair kept EM within a point of full
 # prefill's, where warming alone lost 1.4-2.6 points (benchmarks/README.md, Findings).
@@ -39,7 +41,8 @@ def load_embedder(path: str | os.PathLike[str] | None = None) -> Any:
     are left as they are): the bundled MiniLM unless `path`."""
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(path or default_embedder_path()), device="cpu", local_files_only=True)
+    source = str(path or default_embedder_path())
+    return compute_thread().run(lambda: SentenceTransformer(source, device="cpu", local_files_only=True))
 
 
 def embed(texts: list[str], embedder: Any = None, batch_size: int = 64, label: str = "embedding") -> np.ndarray:
@@ -65,7 +68,10 @@ def embed(texts: list[str], embedder: Any = None, batch_size: int = 64, label: s
 
 
 def _encode(embedder: Any, texts: list[str], batch_size: int) -> np.ndarray:
-    vectors = embedder.encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
+    # where the model's passes run (`engine.compute`): torch kernels on one thread
+    vectors = compute_thread().run(
+        lambda: embedder.encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
+    )
     return np.asarray(vectors, dtype=np.float32)
 
 

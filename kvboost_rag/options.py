@@ -151,6 +151,7 @@ SAMPLING_OPTIONS: tuple[Option, ...] = (
     Option("seed", int | None, None, "Seed for sampling, for repeatable answers."),
     Option("stop", list[str] | None, None, "Strings that end the answer (not included in it)."),
     Option("timeout_s", float | None, None, 'Seconds a call may take; decoding stops there (finish_reason "length").'),
+    Option("ignore_eos", bool, False, "Decode past end-of-sequence tokens: answers of max_tokens, for benchmarks."),
 )
 
 OPTIONS: tuple[Option, ...] = LOAD_OPTIONS + ENGINE_OPTIONS + SAMPLING_OPTIONS
@@ -173,6 +174,7 @@ _SAMPLING_NAMES = {
     "repetition_penalty": "repetition_penalty",
     "seed": "seed",
     "stop": "stop",
+    "ignore_eos": "ignore_eos",
 }
 # Names users bring from the engine's API or other integrations: an error naming the option meant.
 RENAMED = {

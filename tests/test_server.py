@@ -62,6 +62,13 @@ def tiny_engine(tiny_model_dir: Path) -> KVBoostRAG:
     return KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", store="memory")
 
 
+def metric(text: str, name: str) -> float:
+    """One sample's value from a /metrics page."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert len(values) == 1, f"{name} not in /metrics once"
+    return values[0]
+
+
 def raw(url: str, path: str, body: object, key: str | None = KEY) -> httpx.Response:
     """A POST as any HTTP client could send it (bytes as given, not validated by a client)."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"} if key else {}
@@ -351,6 +358,37 @@ def test_full_queue_is_a_429_and_a_disconnect_frees_the_model(tiny_engine: KVBoo
         assert done.status_code == 200 and time.monotonic() - started < 5
 
 
+def test_a_disconnect_frees_its_row_while_the_others_decode(tiny_engine: KVBoostRAG) -> None:
+    expected = tiny_engine.generate(USER, max_new_tokens=1500).text
+    with serving(tiny_engine, ServerSettings(max_running=4, max_waiting=0)) as url:
+        root, body = url.removesuffix("/v1"), {"model": tiny_engine.name, "messages": USER, "temperature": 0}
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        staying: list[str] = []
+        ready = threading.Event()
+
+        def stay() -> None:
+            stream = client.chat.completions.create(**body, max_tokens=1500, stream=True)
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    staying.append(chunk.choices[0].delta.content)
+                    ready.set()
+
+        thread = threading.Thread(target=stay)
+        thread.start()
+        assert ready.wait(30)
+        with httpx.stream("POST", url + "/chat/completions", json={**body, "max_tokens": 1500, "stream": True}) as gone:
+            lines = gone.iter_lines()
+            next(lines), next(lines)
+            assert metric(httpx.get(root + "/metrics").text, "kvboost:num_requests_running") == 2
+        deadline = time.monotonic() + 5
+        while metric(httpx.get(root + "/metrics").text, "kvboost:num_requests_running") != 1:
+            assert time.monotonic() < deadline and thread.is_alive(), "the disconnected request kept its row"
+            time.sleep(0.01)
+        assert thread.is_alive()  # freed while the other still decodes
+        thread.join(timeout=120)
+    assert "".join(staying) == expected
+
+
 def test_past_max_running_a_request_waits_for_a_place(tiny_engine: KVBoostRAG) -> None:
     """One decodes, one waits (it does not start until the first ends), the next is a 429."""
     with serving(tiny_engine, ServerSettings(max_running=1, max_waiting=1)) as url:
@@ -384,7 +422,8 @@ def test_past_max_running_a_request_waits_for_a_place(tiny_engine: KVBoostRAG) -
 def test_eight_streaming_clients_200_requests(tiny_engine: KVBoostRAG) -> None:
     """0 errors, nothing lost or cut short, and greedy answers equal the sequential ones."""
     prompts = [[{"role": "user", "content": f"Question {i}: what is {i} plus {i}?"}] for i in range(20)]
-    expected = [tiny_engine.generate(p, max_new_tokens=8).text for p in prompts]
+    alone = [tiny_engine.generate(p, max_new_tokens=8) for p in prompts]
+    expected = [result.text for result in alone]
     with serving(tiny_engine, ServerSettings(max_running=8, max_waiting=8)) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
         order = [i % len(prompts) for i in range(200)]
@@ -420,8 +459,18 @@ def test_eight_streaming_clients_200_requests(tiny_engine: KVBoostRAG) -> None:
             thread.start()
         for thread in threads:
             thread.join(timeout=600)
+        metrics = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
     assert not any(t.is_alive() for t in threads), "a client hung"
     assert failures == [] and len(ttfts) == 200
+    # every answer counted, the clients' steps ran together, nothing left running or queued
+    assert metric(metrics, 'kvboost:requests_total{route="/v1/chat/completions",status="200"}') == 200
+    assert metric(metrics, "kvboost:generation_tokens_total") == sum(alone[i].new_tokens for i in order)
+    rows_total, steps = (
+        metric(metrics, "kvboost:decode_step_rows_sum"),
+        metric(metrics, "kvboost:decode_step_rows_count"),
+    )
+    assert steps > 0 and rows_total / steps > 2
+    assert metric(metrics, "kvboost:num_requests_running") == 0 and metric(metrics, "kvboost:num_requests_waiting") == 0
     p50, p95 = statistics.median(ttfts), statistics.quantiles(ttfts, n=20)[18]
     print(
         f"\n200 streamed requests, 8 clients: TTFT p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, "
@@ -481,3 +530,38 @@ def test_the_readmes_openai_client_example_runs_against_the_server(
     pointed = block.replace("http://localhost:8000/v1", url).replace('"secret"', repr(KEY))
     exec(compile(pointed.replace('"SmolLM2-135M-Instruct"', '"smollm"'), "README.md", "exec"), {})
     assert capsys.readouterr().out.strip(), "it printed the streamed answer"
+
+
+def test_metrics_count_reused_prompt_tokens_and_store_hits(tiny_engine: KVBoostRAG, passages: list[str]) -> None:
+    fresh = KVBoostRAG(tiny_engine.model, tiny_engine.tokenizer, EngineConfig(store="memory"), name=tiny_engine.name)
+    with serving(fresh, ServerSettings()) as url:
+        root = url.removesuffix("/v1")
+        page = httpx.get(root + "/metrics")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+        assert "kvboost:store_hits" in page.text and metric(page.text, "kvboost:generation_tokens_total") == 0
+        assert httpx.post(root + "/kvboost/warm", json={"documents": passages[:2], "neighbours": 0}).status_code == 200
+        content = f"{passages[1]}\n\n{passages[0]}\n\nWhat are these about?"
+        answer = httpx.post(
+            url + "/completions", json={"model": fresh.name, "prompt": content, "max_tokens": 4}, timeout=60
+        )
+        assert answer.status_code == 200
+        text = httpx.get(root + "/metrics").text
+    reused = metric(text, 'kvboost:prompt_tokens_total{kind="reused_approximate"}')
+    computed = metric(text, 'kvboost:prompt_tokens_total{kind="computed"}')
+    assert reused > computed > 0 and reused + computed == answer.json()["usage"]["prompt_tokens"]
+    assert metric(text, 'kvboost:store_hits_total{tier="memory"}') >= 2
+    assert metric(text, "kvboost:time_to_first_token_seconds_count") == 1
+    assert metric(text, 'kvboost:requests_total{route="/kvboost/warm",status="200"}') == 1
+
+
+def test_ignore_eos_answers_max_tokens_as_vllm_does(tiny_engine: KVBoostRAG) -> None:
+    with serving(tiny_engine, ServerSettings()) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        fixed = client.completions.create(
+            model=tiny_engine.name, prompt="Hi", max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+        )
+        refused = raw(url, "/v1/completions", {"model": tiny_engine.name, "prompt": "Hi", "ignore_eos": "yes"})
+    assert (
+        fixed.usage is not None and fixed.usage.completion_tokens == 40 and fixed.choices[0].finish_reason == "length"
+    )
+    assert refused.status_code == 400

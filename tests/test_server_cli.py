@@ -20,6 +20,7 @@ from kvboost_lab.http_server import free_port
 from kvboost_rag import options as option_table
 from kvboost_rag.cli import app
 from kvboost_rag.config import ExactnessConfig, RepairConfig
+from kvboost_rag.engine.compute import Compute
 from kvboost_rag.server import listen
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -48,13 +49,14 @@ def test_serve_takes_the_engines_settings_by_the_command_lines_names(monkeypatch
         with socket.socket() as other, pytest.raises(OSError):
             other.bind(("127.0.0.1", port))  # serve holds it already
         seen["options"] = options
-        return SimpleNamespace(name="fake")
+        return SimpleNamespace(name="fake", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[]))
 
     def run(server: listen.AnnouncingServer, sockets: list[socket.socket]) -> None:
         seen.update(config=server.config, port=sockets[0].getsockname()[1])
 
     monkeypatch.setattr(option_table, "build_engine", build_engine)
     monkeypatch.setattr(listen.AnnouncingServer, "run", run)
+    monkeypatch.setattr(Compute, "dedicate", lambda self: seen.update(dedicated=True))  # not this test process
     given = ["serve", "--port", str(port), "--store", "memory", "--repair", "cacheblend:0.05", "--verify-margin"]
     given += ["0.1", "--refresh", "--log-level", "warning", "--temperature", "0"]
     result = CliRunner().invoke(app, given)
@@ -62,7 +64,7 @@ def test_serve_takes_the_engines_settings_by_the_command_lines_names(monkeypatch
     options = seen["options"]
     assert options["repair"] == RepairConfig("cacheblend", rho=0.05, rho_after_neighbours=None)
     assert options["exactness"] == ExactnessConfig(verify_margin=0.1, refresh=True)
-    assert seen["port"] == port and seen["config"].log_level == "warning"
+    assert seen["port"] == port and seen["config"].log_level == "warning" and seen["dedicated"]
     assert "serving" not in result.output, "said only once the server listens"
 
     result = CliRunner().invoke(app, [*given[:6], "boundary:8", "--verify-tokens", "0"])

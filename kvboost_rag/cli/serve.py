@@ -55,7 +55,9 @@ def serve(
     served_model_name: Annotated[
         str | None, typer.Option(envvar=env_var("served_model_name"), help="the name clients ask for")
     ] = None,
-    max_running: Annotated[int, typer.Option(envvar=env_var("max_running"), help="requests decoding at once")] = 4,
+    max_running: Annotated[
+        int, typer.Option(envvar=env_var("max_running"), help="requests decoding together: the batch size")
+    ] = 8,
     max_waiting: Annotated[int, typer.Option(envvar=env_var("max_waiting"), help="queued past those; then 429")] = 16,
     temperature: Annotated[
         float,
@@ -114,6 +116,7 @@ def serve(
         from ..server.listen import AnnouncingServer, CannotListen, bind, url
     except ImportError as error:
         raise typer.BadParameter(f"the server needs its extra: pip install 'kvboost-rag[server]' ({error})") from None
+    from ..engine.compute import compute_thread
     from ..engine.inputs import check_temperature
     from ..neighbours import embedder_installed
     from ..options import build_engine, check_options
@@ -145,7 +148,9 @@ def serve(
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(1) from None
     with sock:
-        engine = build_engine(options)
+        # every forward pass on one thread of its own, the model loaded there too (engine/compute.py)
+        compute_thread().dedicate()
+        engine = compute_thread().run(build_engine, options)
         app_ = create_app(engine, settings)
         # NOTE: running work stops at its next step on shutdown (listen.py); the timeout bounds the rest
         config = uvicorn.Config(

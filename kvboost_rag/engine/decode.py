@@ -9,7 +9,6 @@ instead of patching it. The text grows by incremental detokenization (`detokeniz
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,8 @@ from ..hf.cache import forward_last_logits, make_cache
 from ..hf.lean_step import decode_step_logits
 from ..ops.logits import top_margin
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
-from .cancellation import check_cancelled
+from .batching import STEP, StepBatcher
+from .compute import Compute
 from .detokenize import Detokenizer
 from .request import Request
 from .sampling import sample_token
@@ -52,17 +52,25 @@ class DecodeObserver:
 class Decoder:
     """Runs the decode loop of requests on one model; forward passes take the model lock."""
 
-    def __init__(self, model: Any, tokenizer: Any, model_lock: threading.Lock, stop_ids: set[int]) -> None:
+    def __init__(self, model: Any, tokenizer: Any, compute: Compute, stop_ids: set[int]) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.model_lock = model_lock
+        self.compute = compute
         self.stop_ids = stop_ids
         self.device = next(model.parameters()).device
+        self.batcher = StepBatcher(model, compute)  # concurrent requests step together
 
-    def run(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[str]:
+    def run(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[Any]:
         """Text deltas until an end-of-sequence token, a stop string, `max_new` tokens or the
-        deadline; `request.finish` says which. A caller's check (`cancellation.py`) is read before
-        each step: `Cancelled` stops the answer there."""
+        deadline; `request.finish` says which; `STEP` where the batch is to run the next forward
+        pass (`batching.py`). However it ends (closed by a caller that went away included), the
+        request leaves the running batch at once."""
+        try:
+            yield from self._steps(request, max_new, observer)
+        finally:
+            self.batcher.leave(request)
+
+    def _steps(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[Any]:
         observer.on_prefill(request)
         params = request.params
         assert request.logits is not None  # set by the prefill, before the decode (and by every step)
@@ -71,7 +79,6 @@ class Decoder:
         detokenizer = Detokenizer(self.tokenizer)
         mark = time.perf_counter()
         while True:
-            check_cancelled()
             if self.needs_exact(request, observer):
                 self.go_exact(request)
                 observer.on_exact(request)
@@ -101,7 +108,7 @@ class Decoder:
                 break
             if not request.exact and request.exactness.refresh:
                 continue  # the next token comes from exact KV: a step on moved KV would be wasted
-            self.step(request, token)
+            yield from self.step(request)
         if len(request.text) > request.emitted:
             yield request.text[request.emitted :]
             request.emitted = len(request.text)
@@ -146,15 +153,18 @@ class Decoder:
         delta, request.emitted = text[request.emitted : safe], safe
         return delta
 
-    def step(self, request: Request, token: int) -> None:
-        """One forward pass of the last token, over the request's cache."""
+    def step(self, request: Request) -> Iterator[Any]:
+        """One forward pass of the last token, over the request's cache: with the other running
+        requests (`STEP`: the batch runs it), or here while decode-time KV retrieval runs."""
+        if request.sparse_decode is None:
+            yield STEP
+            return
+        token = request.generated[-1]
         position = torch.tensor([request.next_position - 1], device=self.device)
         retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
         try:
-            with self.model_lock:
-                request.logits = decode_step_logits(
-                    self.model, torch.tensor([token], device=self.device), position, request.cache
-                )
+            token_ids = torch.tensor([token], device=self.device)
+            request.logits = self.compute.run(decode_step_logits, self.model, token_ids, position, request.cache)
         finally:
             ACTIVE_SPARSE_DECODE.reset(retrieving)
 
@@ -165,9 +175,13 @@ class Decoder:
         # NOTE: this recomputes from position 0, exact head included: simple, and the head of a RAG
         # prompt is short.
         cache, positions = make_cache(), torch.arange(len(tokens), device=self.device)
-        with self.model_lock:
+
+        def recompute() -> torch.Tensor:
             logits = forward_last_logits(self.model, torch.from_numpy(tokens).to(self.device), positions, cache)
             for i, token in enumerate(generated):
                 position = torch.tensor([len(tokens) + i], device=self.device)
                 logits = decode_step_logits(self.model, torch.tensor([token], device=self.device), position, cache)
+            return logits
+
+        logits = self.compute.run(recompute)
         return cache, positions, logits

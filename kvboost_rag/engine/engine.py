@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
-import threading
 import time
 from collections.abc import Generator, Iterable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,8 @@ from ..plan.matching import ReusePlan, plan_reuse
 from ..store.chunk_store import ChunkStore
 from ..store.location import StoreLocations
 from ..store.open import open_store, record_settings
+from .batching import Running
+from .compute import compute_thread
 from .decode import DecodeObserver, Decoder
 from .documents import DocumentWriter
 from .inputs import check_documents, check_groups, check_real
@@ -34,18 +36,17 @@ from .prompts import Prompt, PromptTokenizer, PromptTooLongError
 from .request import Request
 from .result import GenerationResult, StageTimings, WarmReport
 from .sampling import SamplingParams
-from .stream import GenerationStream
+from .stream import GenerationStream, finish_all
 from .warming import Warmer
 
 NO_OBSERVER = DecodeObserver()
-_SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))  # the order of stream's sampling keywords
 
 
 class KVBoostRAG:
     """A HuggingFace causal LM with position-independent chunk KV reuse.
 
-    Thread-safe: forward passes take the model lock one at a time, the store has its own lock,
-    and each request keeps its own cache, so concurrent calls give the sequential outputs.
+    Thread-safe: concurrent requests decode together, one forward pass a step (`batching.py`);
+    prefills take the model lock between steps, the store has its own lock.
     """
 
     def __init__(
@@ -84,27 +85,23 @@ class KVBoostRAG:
             config = replace(config, mode="full")  # a new config: the caller's is left as given
         self.config, self.store = config, store
         self.max_context = context_window(model)
-        self._model_lock = threading.Lock()
+        self._compute = compute_thread()  # every forward pass of the process, on one thread
         if adapt_model:  # after the fingerprint, which hashes the weights as loaded
             if reuse_supported:
                 use_reuse_attention(model)  # reuse passes are few queries over a long cache
             pack_linear_layers(model)
-        self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._model_lock)
-        self._decoder = Decoder(model, tokenizer, self._model_lock, eos_ids(model, tokenizer))
+        self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._compute)
+        self._decoder = Decoder(model, tokenizer, self._compute, eos_ids(model, tokenizer))
+        self.batcher = self._decoder.batcher  # the running batch: its size, listeners of its steps
         self._prompts = PromptTokenizer(tokenizer, name)
         prefix_tokens = np.asarray(tokenizer(config.warm_prefix).input_ids if config.warm_prefix else [], np.int64)
         # Warmed chunks depend on how they were cut, encoded and kept too: their keys say so.
-        self.keys = KeySpace.derive(
-            self.fingerprint,
-            config.kv_quantization,
-            prefix_tokens.tobytes(),
-            f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}",
-        )
+        cutting = f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}"
+        self.keys = KeySpace.derive(self.fingerprint, config.kv_quantization, prefix_tokens.tobytes(), cutting)
         self.document_fingerprint = self.keys.document
         writer = DocumentWriter(store, self.keys, config.kv_quantization)
-        self._warmer = Warmer(
-            model, tokenizer, writer, self.boundaries, self._model_lock, self.max_context, prefix_tokens
-        )
+        compute = self._compute
+        self._warmer = Warmer(model, tokenizer, writer, self.boundaries, compute, self.max_context, prefix_tokens)
         self._keeper = AnswerKeeper(writer, self.boundaries, config.chunk_size, config.match_window)
         self._settings_recorded = False
 
@@ -132,15 +129,13 @@ class KVBoostRAG:
         config = config or EngineConfig.from_options(**options)
         StoreLocations.parse(config.store)  # a bad store is refused before the model loads
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        loaded = load_model(name_or_path, resolve_dtype(dtype, device), device, allow_unsupported, weights)
-        return cls(
-            loaded.model,
-            loaded.tokenizer,
-            config,
-            name=loaded.name,
-            reuse_supported=loaded.reuse_supported,
-            unsupported_reason=loaded.unsupported_reason,
+        # loaded on the compute thread, as every later pass runs (`compute.py`: one thread's kernels)
+        loaded = compute_thread().run(
+            load_model, name_or_path, resolve_dtype(dtype, device), device, allow_unsupported, weights
         )
+        options = {"name": loaded.name, "reuse_supported": loaded.reuse_supported}
+        options["unsupported_reason"] = loaded.unsupported_reason
+        return compute_thread().run(functools.partial(cls, loaded.model, loaded.tokenizer, config, **options))
 
     # documents ---------------------------------------------------------------------------
     def warm(
@@ -178,6 +173,12 @@ class KVBoostRAG:
         """Answer a prompt (text or chat messages); see `stream` for the options."""
         return self.stream(prompt, **kwargs).finish()
 
+    def generate_batch(self, prompts: Sequence[Prompt], *, max_running: int = 8, **kw: Any) -> list[GenerationResult]:
+        """Answers in the prompts' order, up to `max_running` decoding together; all checked before any work."""
+        if not isinstance(max_running, int) or max_running < 1:
+            raise ValueError(f"max_running must be an int >= 1, got {max_running!r}")
+        return finish_all([self.stream(prompt, **kw) for prompt in prompts], max_running)
+
     def stream(
         self,
         prompt: Prompt,
@@ -212,36 +213,31 @@ class KVBoostRAG:
         """
         started = time.perf_counter()
         settings = (max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, min_p, repetition_penalty)
-        given: dict[str, Any] = {name: value for name, value in zip(_SAMPLING_FIELDS, settings) if value is not None}
-        if sampling is not None and given:
-            raise TypeError(f"give sampling= or {', '.join(given)}, not both")
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        params = sampling if sampling is not None else SamplingParams(**given)
+        params = SamplingParams.given(sampling, settings)
         mode = self._check_mode(mode)
         if timeout_s is not None and not check_real(timeout_s, "timeout_s") > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         tokens = self.tokenize_prompt(prompt)
-        tokenize_s = time.perf_counter() - started
+        timings = StageTimings(tokenize_s=time.perf_counter() - started)
         if len(tokens) >= self.max_context:
             raise PromptTooLongError(
                 f"prompt has {len(tokens)} tokens; the context window of {self.name} is {self.max_context}"
             )
-        store_prompt = self.config.store_prompt if store_prompt is None else store_prompt
         request = Request(
             tokens=tokens,
             params=params,
             mode=mode,
             repair=self.config.repair.with_strategy(repair),
             exactness=exactness or self.config.exactness,
-            store_prompt=store_prompt and mode != "full",
+            store_prompt=(self.config.store_prompt if store_prompt is None else store_prompt) and mode != "full",
             return_first_logits=return_first_logits,
             started=started,
             deadline=started + timeout_s if timeout_s is not None else float("inf"),
-            timings=StageTimings(tokenize_s=tokenize_s),
+            timings=timings,
             sparse_decode=SparseDecode(sparse) if (sparse := self.config.sparse_decode).applies(len(tokens)) else None,
         )
-        return GenerationStream(self._run(request, observer or NO_OBSERVER), len(tokens))
+        running = Running(request, self._run(request, observer or NO_OBSERVER))
+        return GenerationStream(running, self.batcher, len(tokens))
 
     def plan(self, prompt: Prompt, *, mode: Mode | None = None) -> ReusePlan:
         """How a prompt would be served from the store now: which tokens are reused, and how."""
@@ -256,7 +252,9 @@ class KVBoostRAG:
         mode = self._check_mode(mode)
         tokens = self.tokenize_prompt(prompt)
         plan = self._plan(tokens, self.boundaries(tokens), mode)
-        prefill = self._prefill.run(tokens, plan, StageTimings(), self.config.repair.with_strategy(repair))
+        prefill = self._compute.run(
+            self._prefill.run, tokens, plan, StageTimings(), self.config.repair.with_strategy(repair)
+        )
         return prefill.logits, plan
 
     def tokenize_prompt(self, prompt: Prompt) -> np.ndarray:

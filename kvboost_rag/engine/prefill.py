@@ -8,7 +8,6 @@ first layers, then only the selected ones).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from ..ops.selection import blend_candidates, select_for_recompute
 from ..plan.matching import ReusePlan
 from ..plan.repair import boundary_positions, repair_share, reused_runs, with_recomputed
 from ..plan.segments import Segment
+from .compute import Compute
 from .result import StageTimings
 
 if TYPE_CHECKING:
@@ -48,10 +48,10 @@ Strategy = Callable[["PrefillRunner", np.ndarray, ReusePlan, StageTimings, Repai
 class PrefillRunner:
     """Runs prefills on one model; forward passes take the shared model lock."""
 
-    def __init__(self, model: Any, rotary: Any | None, model_lock: threading.Lock) -> None:
+    def __init__(self, model: Any, rotary: Any | None, compute: Compute) -> None:
         self.model = model
         self.rotary = rotary  # None: reuse off, nothing is moved or repaired
-        self.model_lock = model_lock
+        self.compute = compute
         first_param = next(model.parameters())
         self.device, self.dtype = first_param.device, first_param.dtype
 
@@ -112,8 +112,7 @@ class PrefillRunner:
         timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
 
         ids = torch.from_numpy(tokens).to(self.device)[query_positions]
-        with self.model_lock:
-            logits = forward_last_logits(self.model, ids, query_positions, cache, mask)
+        logits = self.compute.run(forward_last_logits, self.model, ids, query_positions, cache, mask)
         timings.prefill_s = time.perf_counter() - mark
         return Prefill(cache, logits, slot_positions)
 
@@ -154,8 +153,7 @@ class PrefillRunner:
         check_layer = min(repair.check_layer, layers - 1)
         cache = SelectiveCache(mixed_keys, mixed_values, check_layer, select, repair.narrow_check_layer)
         timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
-        with self.model_lock:
-            logits = selective_forward(self.model, torch.from_numpy(tokens).to(self.device), cache)
+        logits = self.compute.run(selective_forward, self.model, torch.from_numpy(tokens).to(self.device), cache)
         done = time.perf_counter()
         timings.repair_s, timings.prefill_s = cache.selected_at - mark, done - cache.selected_at
         assert cache.selected is not None

@@ -7,8 +7,8 @@ torch is imported where a token is chosen, not with the module: the option table
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,6 +56,16 @@ class SamplingParams:
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
         self.min_p = check_min_p(self.min_p)
         self.repetition_penalty = check_repetition_penalty(self.repetition_penalty)
+
+    @classmethod
+    def given(cls, sampling: SamplingParams | None, settings: tuple[Any, ...]) -> SamplingParams:
+        """`sampling`, or the settings given one by one (in the fields' order; None: the default), not both."""
+        given = {f.name: value for f, value in zip(fields(cls), settings) if value is not None}
+        if sampling is not None and given:
+            raise TypeError(f"give sampling= or {', '.join(given)}, not both")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        return sampling if sampling is not None else cls(**given)
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         import torch

@@ -1,25 +1,96 @@
-"""The iterator `KVBoostRAG.stream` returns: text deltas, then the result."""
+"""The iterator `KVBoostRAG.stream` returns: text deltas, then the result.
+
+The answer is computed in the turns of the engine's running batch (`batching.py`): on the calling
+thread, which runs turns itself while it waits (for every running request, not only its own),
+or on the dedicated compute thread of a server (`compute.py`). The caller's cancellation check
+(`cancellation.py`) is read here, before each delta and while waiting: `Cancelled` stops the
+answer (its row is freed at the batch's next turn) and is raised to the caller.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+from .batching import Ended, Running, StepBatcher
+from .cancellation import Cancelled, check_cancelled
 from .result import GenerationResult
+
+POLL_S = 0.05  # how long a caller waits for text before it checks it is still wanted
 
 
 class GenerationStream(Iterator[str]):
-    """Text deltas as each token is produced; `.result` is set once the stream is exhausted."""
+    """Text deltas as each token is produced; `.result` is set once the stream is exhausted.
+    Nothing runs until the first delta is asked for."""
 
-    def __init__(self, steps: Iterator[str], prompt_tokens: int = 0) -> None:
-        self._steps = steps
+    def __init__(self, running: Running, batcher: StepBatcher, prompt_tokens: int = 0) -> None:
+        self._running, self._batcher = running, batcher
         self.prompt_tokens = prompt_tokens  # known before the first step: callers check room with it
         self.result: GenerationResult | None = None
+        self._started = self._ended = False
+        self._come: deque[Any] = deque()  # what the batch produced, not read yet
 
     def __next__(self) -> str:
+        if self._ended:
+            raise StopIteration
+        self._check()
+        self.begin()
+        while not self._come:
+            self.wait(POLL_S)
+            if not self._come:
+                self._check()
+        item = self._come.popleft()
+        if not isinstance(item, Ended):
+            return item
+        self._ended = True
+        if item.error is not None:
+            raise item.error
+        self.result = item.result
+        raise StopIteration
+
+    def begin(self) -> None:
+        """Put the request on the batch (the first `next` does)."""
+        if not self._started:
+            self._started = True
+            self._batcher.start(self._running)
+
+    def wait(self, timeout: float) -> None:
+        """Run a turn of the batch here, or wait up to `timeout` on the compute thread; keep what came."""
+        compute = self._batcher.compute
+        compute.turn(self._batcher, timeout)
         try:
-            return next(self._steps)
-        except StopIteration as done:
-            self.result = done.value
+            self._come.append(self._running.out.get(block=compute.dedicated, timeout=timeout))
+        except queue.Empty:
+            return
+        self._take_come()
+
+    def _take_come(self) -> None:
+        try:
+            while True:
+                self._come.append(self._running.out.get_nowait())
+        except queue.Empty:
+            pass
+
+    @property
+    def has_text(self) -> bool:
+        return bool(self._come)
+
+    def ready_text(self) -> str:
+        """The text produced already and not read yet, at once: a reader that fell behind (a
+        server writing to a slow client) catches up in one piece instead of one token at a time."""
+        self._take_come()
+        parts = []
+        while self._come and isinstance(self._come[0], str):
+            parts.append(self._come.popleft())
+        return "".join(parts)
+
+    def _check(self) -> None:
+        try:
+            check_cancelled()
+        except Cancelled:
+            self.close()
             raise
 
     def finish(self) -> GenerationResult:
@@ -30,7 +101,39 @@ class GenerationStream(Iterator[str]):
         return self.result
 
     def close(self) -> None:
-        """Stop generating after the current token (a client went away)."""
-        close = getattr(self._steps, "close", None)
-        if close is not None:
-            close()
+        """Stop generating (a client went away); returns once the request has left the batch."""
+        if self._ended:
+            return
+        self._ended = True
+        if not self._started:
+            self._running.steps.close()  # never started: no model work to stop
+            return
+        self._batcher.cancel(self._running)
+        while not any(isinstance(item, Ended) for item in self._come):
+            self.wait(POLL_S)
+
+
+def finish_all(streams: Sequence[GenerationStream], max_running: int) -> list[GenerationResult]:
+    """Every stream to its end, at most `max_running` on the batch at once, driven from this thread;
+    the results in the streams' order. A failure closes the others and is raised."""
+    results: list[GenerationResult | None] = [None] * len(streams)
+    waiting, active = deque(range(len(streams))), list[int]()
+    try:
+        while waiting or active:
+            while waiting and len(active) < max_running:
+                active.append(index := waiting.popleft())
+                streams[index].begin()
+            streams[active[0]].wait(POLL_S)
+            for index in list(active):
+                stream = streams[index]
+                stream.wait(0)
+                while stream.has_text:
+                    if next(stream, None) is None:
+                        results[index] = stream.result
+                        active.remove(index)
+                        break
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return [result for result in results if result is not None]

@@ -16,6 +16,7 @@ from ..hf.model import model_shape
 from ..plan.keys import ContentHash, chained_prefix_hashes, document_hash
 from ..store.entry import ALONE, DocumentRecord, WarmedAfter
 from .cancellation import check_cancelled
+from .compute import Compute
 from .documents import Boundaries, DocumentWriter
 from .inputs import check_document, check_text
 from .result import WarmReport
@@ -32,14 +33,14 @@ class Warmer:
         tokenizer: Any,
         writer: DocumentWriter,
         boundaries: Boundaries,
-        model_lock: threading.Lock,
+        compute: Compute,
         max_context: int,
         prefix_tokens: np.ndarray,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.writer, self.store, self.keys = writer, writer.store, writer.keys
         self.boundaries = boundaries
-        self.model_lock = model_lock
+        self.compute = compute
         self.max_context = max_context
         first_param = next(model.parameters())
         self.device, self.dtype = first_param.device, first_param.dtype
@@ -66,7 +67,9 @@ class Warmer:
                 if self.is_warm(doc_key, tokens, report):
                     report.skipped_documents += 1
                 else:
-                    report.chunks_stored += self.encode_document(doc_key, tokens, context, warmed_after)
+                    report.chunks_stored += self.compute.run(
+                        self.encode_document, doc_key, tokens, context, warmed_after
+                    )
                     report.tokens_encoded += len(context) + len(tokens)
             if pin:
                 self.store.pin_document(doc_key)
@@ -95,17 +98,19 @@ class Warmer:
             report.skipped_documents += len(members) - len(cold)
             while sum(len(tokens) + len(self.separator) for tokens, _ in cold) > room:
                 tokens, key = cold.pop()  # past the window: warmed alone
-                report.chunks_stored += self._encode_alone(key, tokens)
+                report.chunks_stored += self.compute.run(self._encode_alone, key, tokens)
                 report.tokens_encoded += len(tokens)
             if len(cold) == 1:
-                report.chunks_stored += self._encode_alone(*cold[0][::-1])
+                report.chunks_stored += self.compute.run(self._encode_alone, *cold[0][::-1])
                 report.tokens_encoded += len(cold[0][0])
             elif cold:
                 middle = (len(cold) - 1) / 2
                 forward = [j for j in range(len(cold)) if j >= middle]
                 backward = [len(cold) - 1 - j for j in range(len(cold)) if j < middle]
                 for order, keep in ((list(range(len(cold))), forward), (list(range(len(cold)))[::-1], backward)):
-                    report.chunks_stored += self._encode_in_turn([cold[j] for j in order], keep, neighbours_from)
+                    report.chunks_stored += self.compute.run(
+                        self._encode_in_turn, [cold[j] for j in order], keep, neighbours_from
+                    )
                     report.tokens_encoded += sum(len(cold[j][0]) + len(self.separator) for j in order)
             if pin:
                 for key in keys:
@@ -218,8 +223,9 @@ class Warmer:
         start = prefix_keys.shape[2]
         cache = make_cache(prefix_keys, prefix_values)
         ids = torch.from_numpy(tokens).to(self.device)
-        with self.model_lock:
-            forward_last_logits(self.model, ids, torch.arange(start, start + len(ids), device=self.device), cache)
+        self.compute.run(
+            forward_last_logits, self.model, ids, torch.arange(start, start + len(ids), device=self.device), cache
+        )
         keys, values = stacked_kv(cache)
         return keys, values, start
 
@@ -230,8 +236,8 @@ class Warmer:
                 cache = make_cache()
                 if len(self.prefix_tokens):
                     ids = torch.from_numpy(self.prefix_tokens).to(self.device)
-                    with self.model_lock:
-                        forward_last_logits(self.model, ids, torch.arange(len(ids), device=self.device), cache)
+                    positions = torch.arange(len(ids), device=self.device)
+                    self.compute.run(forward_last_logits, self.model, ids, positions, cache)
                     self._prefix_kv = stacked_kv(cache)
                 else:
                     layers, heads, head_dim = model_shape(self.model)

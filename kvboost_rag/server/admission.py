@@ -1,7 +1,7 @@
 """A bounded queue in front of the one model: past it a request is refused at once (429).
 
-At most `max_running` requests decode at once (their forward passes interleave on the engine's
-model lock); up to `max_waiting` more wait for a running place. Letting every client wait would
+At most `max_running` requests decode at once (the engine steps them together: the batch size);
+up to `max_waiting` more wait for a running place. Letting every client wait would
 hide overload behind ever-growing latencies, so the next one is told to retry.
 """
 
@@ -25,10 +25,20 @@ class Admission:
         self._active = 0
         self._lock = threading.Lock()
         self._running = threading.Semaphore(max_running)
+        self._held = 0  # running places taken
 
     @property
     def active(self) -> int:
         return self._active
+
+    @property
+    def waiting(self) -> int:
+        """Admitted requests without a running place yet (the queue)."""
+        return max(0, self._active - self._held)
+
+    def _count_held(self, change: int) -> None:
+        with self._lock:
+            self._held += change
 
     def enter(self) -> None:
         """Take a place, or raise the 429 that says when to retry."""
@@ -49,15 +59,15 @@ class Admission:
 
     def slot(self) -> RunningSlot:
         """A running place for an admitted request, taken in its worker thread."""
-        return RunningSlot(self._running)
+        return RunningSlot(self._running, self._count_held)
 
 
 class RunningSlot:
     """One of the `max_running` places: `take` blocks until one is free; `give_back` returns it
     once, and only if it was taken (a request cancelled while waiting never took one)."""
 
-    def __init__(self, places: threading.Semaphore) -> None:
-        self._places = places
+    def __init__(self, places: threading.Semaphore, count_held: Callable[[int], None] = lambda _: None) -> None:
+        self._places, self._count_held = places, count_held
         self._held = False
 
     def take(self, stopped: Callable[[], bool] = lambda: False) -> None:
@@ -66,6 +76,7 @@ class RunningSlot:
             if stopped():
                 raise Cancelled("stopped while waiting for a running place")
         self._held = True
+        self._count_held(1)
         if stopped():
             self.give_back()
             raise Cancelled("stopped while waiting for a running place")
@@ -73,4 +84,5 @@ class RunningSlot:
     def give_back(self) -> None:
         if self._held:
             self._held = False
+            self._count_held(-1)
             self._places.release()

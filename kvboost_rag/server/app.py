@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP server: one engine, many clients.
 
-Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/health`, and ours under
-`/kvboost/` (warm documents, store stats, prune). Generation runs in worker threads, so the event
-loop keeps accepting (and refusing, past the queue) while the model works; forward passes of
-concurrent requests take the engine's model lock one at a time.
+Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/health`, `/metrics`
+(Prometheus), and ours under `/kvboost/` (warm documents, store stats, prune). Generation runs
+in worker threads, so the event loop keeps accepting (and refusing, past the queue) while the
+model works; the engine steps the running requests together (continuous batching), and a
+request's prefill takes the model between two steps.
 
 The schema is at `/openapi.json`; there is no `/docs` page: Swagger UI and ReDoc load their
 scripts from a CDN, which a server without internet cannot reach (a blank page).
@@ -20,7 +21,7 @@ from typing import Any
 import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
 from ..engine.cancellation import Cancelled, cancellable
@@ -29,6 +30,7 @@ from ..neighbours import HeldDocuments
 from .admission import Admission, RunningSlot
 from .bodies import JSONBodies
 from .errors import APIError, install_handlers
+from .metrics import CONTENT_TYPE, CountAnswers, ServingMetrics
 from .options import DEFAULT_TEMPERATURE, stream_arguments
 from .responses import ChunkWriter, chat_completion, new_id, text_completion
 from .schemas import ChatCompletionRequest, CompletionRequest, PruneRequest, WarmRequest
@@ -40,7 +42,7 @@ from .warming import DEFAULT_MAX_BYTES, DEFAULT_MAX_DOCUMENTS, WarmLimits, warm_
 class ServerSettings:
     model_name: str | None = None  # the name clients send; None: the engine's
     api_key: str | None = None
-    max_running: int = 4  # requests decoding at once (their passes interleave on the model lock)
+    max_running: int = 8  # requests decoding at once: the engine steps them together (the batch size)
     max_waiting: int = 16  # requests waiting for a running place; past them, 429
     temperature: float = DEFAULT_TEMPERATURE  # for requests that name none: OpenAI's default
     neighbours: int | None = None  # for warm requests that name none (None: 4 where the embedder is installed)
@@ -66,8 +68,10 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         redoc_url=None,
     )
     app.state.stopping = stopping
+    app.state.metrics = metrics = ServingMetrics(engine, lambda: admission.waiting)
     install_handlers(app)
     app.add_middleware(JSONBodies, allowed_origins=settings.allowed_origins)
+    app.add_middleware(CountAnswers, metrics=metrics)
     if settings.allowed_origins:  # added last: outermost, so preflights are answered first
         app.add_middleware(
             CORSMiddleware,
@@ -133,20 +137,26 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         request_id = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = _events(stream, ChunkWriter(request_id, served, chat), include_usage, admission, Stop(stopping))
+            writer = ChunkWriter(request_id, served, chat)
+            events = _events(stream, writer, include_usage, admission, Stop(stopping), metrics)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         slot, stop = admission.slot(), Stop(stopping)
         try:
             result = await run_watched(request, stop, lambda: _drain(stream, slot, stop))
         finally:
-            stream.close()
+            await _close(stream)
             slot.give_back()
             admission.leave()
+        metrics.finished(result)
         return (chat_completion if chat else text_completion)(request_id, served, result)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": served, "active_requests": admission.active}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.scrape(), media_type=CONTENT_TYPE)
 
     card = {"id": served, "object": "model", "created": 0, "owned_by": "kvboost-rag"}
 
@@ -217,8 +227,10 @@ _END = object()
 
 
 def _next_delta(stream: GenerationStream, stop: Stop) -> Any:
-    with cancellable(stop):  # read by the decode step this call runs
-        return next(stream, _END)
+    """The next text, with whatever else is ready: one event and one thread hop, not one a token."""
+    with cancellable(stop):  # read while the stream waits for the batch
+        delta = next(stream, None)
+        return _END if delta is None else delta + stream.ready_text()
 
 
 async def _events(
@@ -227,6 +239,7 @@ async def _events(
     include_usage: bool,
     admission: Admission,
     stop: Stop,
+    metrics: ServingMetrics,
 ) -> AsyncIterator[str]:
     """SSE events as tokens come. A client that goes away cancels this at its next await: the
     token being computed finishes (the thread is not abandoned), then the stream is closed, so
@@ -240,11 +253,19 @@ async def _events(
         while (delta := await anyio.to_thread.run_sync(_next_delta, stream, stop)) is not _END:
             yield writer.delta(delta)
         assert stream.result is not None
+        metrics.finished(stream.result)
         for event in writer.finish(stream.result, include_usage):
             yield event
     except Cancelled:
         yield writer.error(stop.refusal())
     finally:
-        stream.close()
+        await _close(stream)
         slot.give_back()
         admission.leave()
+
+
+async def _close(stream: GenerationStream) -> None:
+    """Close a stream in a worker thread, shielded from the cancellation of a client that went
+    away: its request leaves the running batch at once, and the event loop never waits on a step."""
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(stream.close)

@@ -79,7 +79,7 @@ class ChatMessage(BaseModel):
 # The table's call options that OpenAI's request defines too, by OpenAI's names and ranges.
 OPENAI_OPTIONS = frozenset({"max_tokens", "temperature", "top_p", "seed", "stop"})
 # The table's call options vLLM and llama-server take at the top level too (under `kvboost` as well).
-TOP_LEVEL_EXTRAS = ("top_k", "min_p", "repetition_penalty")
+TOP_LEVEL_EXTRAS = ("top_k", "min_p", "repetition_penalty", "ignore_eos")
 
 
 def _json_type(option: Option) -> Any:
@@ -127,6 +127,7 @@ class GenerationFields(Strict):
     top_k: StrictInt | None = None
     min_p: Number | None = None
     repetition_penalty: Number | None = None
+    ignore_eos: StrictBool | None = None  # vLLM's: answers of max_tokens (benchmarks)
     # defined by OpenAI, served at their no-op value only
     n: StrictInt | None = None
     logprobs: Any = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Literal, TypeVar
@@ -37,6 +38,9 @@ class ChunkStore:
         self.memory = MemoryTier(budget_bytes, match_window, weights)
         self.tiers = list(tiers)  # persistent tiers below memory, in lookup order
         self.tier_errors = 0  # tier calls that failed and were served without the tier
+        # chunks found and tier calls failed, by tier ("memory", "DiskStore", "RedisStore"): for metrics
+        self.hits: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
         self._errors_lock = threading.Lock()
 
     @property
@@ -54,7 +58,10 @@ class ChunkStore:
     # lookups -----------------------------------------------------------------------------
     def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
         found = self.memory.get_exact(key)
-        return found if found is not None else self._from_tiers(lambda tier: tier.get_exact(key))
+        if found is not None:
+            self._count(self.hits, "memory")
+            return found
+        return self._from_tiers(lambda tier: tier.get_exact(key))
 
     def get_content(self, key: ContentHash) -> ChunkEntry | None:
         found = self.memory.get(key)
@@ -62,13 +69,13 @@ class ChunkStore:
 
     def _from_tiers(self, lookup: Callable[[ChunkTier], ChunkEntry | None]) -> ChunkEntry | None:
         """A memory miss looked up in each tier in order; a hit is kept in memory."""
-        found = next(
-            (hit for t in self.tiers if (hit := self.safely(t, "lookup", lambda: lookup(t), None)) is not None),
-            None,
-        )
-        if found is not None:
-            self.memory.put(found)
-        return found
+        for tier in self.tiers:
+            found = self.safely(tier, "lookup", lambda: lookup(tier), None)
+            if found is not None:
+                self._count(self.hits, type(tier).__name__)
+                self.memory.put(found)
+                return found
+        return None
 
     def prefetch(self, keys: list[WindowKey]) -> None:
         """Bring chunks holding any of these windows from the tiers into memory (one batched
@@ -86,6 +93,7 @@ class ChunkStore:
         """Count a hit for entries a prompt reused (found through window candidates)."""
         used = {e.content_hash: e for e in entries}
         self.memory.mark_used(used)
+        self._count(self.hits, "memory", len(used))
         if used:
             for tier in self.tiers:
                 self.safely(tier, "recording use", lambda: tier.touch(used), None)
@@ -161,11 +169,22 @@ class ChunkStore:
         except Exception as error:  # noqa: BLE001 - any store error becomes a recompute
             with self._errors_lock:
                 self.tier_errors += 1
+            self._count(self.errors, type(tier).__name__)
             warnings.warn(
                 f"kvboost-rag: {what} in {tier!r} failed ({type(error).__name__}: {error}); served without it",
                 stacklevel=3,
             )
             return default
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Chunks found and tier calls failed so far, by tier: copies, for metrics."""
+        with self._errors_lock:
+            return dict(self.hits), dict(self.errors)
+
+    def _count(self, counter: Counter[str], tier: str, count: int = 1) -> None:
+        if count:
+            with self._errors_lock:
+                counter[tier] += count
 
     def close(self) -> None:
         """Close the tiers below (a disk tier checkpoints its index: readers see every write)."""

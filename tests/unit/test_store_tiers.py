@@ -57,7 +57,8 @@ def test_the_server_reports_and_prunes_a_disk_tier(fakes, tmp_path) -> None:
             assert store.put(entry)
         store.add_document(document.record)
     assert store.pin_document(kept.record.doc_key)
-    client = TestClient(create_app(SimpleNamespace(name="fake", store=store)))  # type: ignore[arg-type]
+    fake = SimpleNamespace(name="fake", store=store, batcher=SimpleNamespace(listeners=[], running=0))
+    client = TestClient(create_app(fake))  # type: ignore[arg-type]
 
     report = client.get("/kvboost/store")
     assert report.status_code == 200

@@ -1,0 +1,186 @@
+"""Continuous batching: the running requests of an engine decode together, one forward pass a step.
+
+A request is its generator (`KVBoostRAG._run`: plan, prefill, then the decode loop of `decode.py`,
+where sampling, stops, seeds, timeouts and the exactness policy stay per request). The generator
+yields text, and `STEP` where it needs its next forward pass. On the compute thread
+(`compute.py`), each turn of the batch advances every running request to its next `STEP` (a new
+request's prefill runs there, between two steps), then runs one step for all that asked; the
+text goes to each request's queue, which its caller reads (`stream.py`). A finished, failed or
+cancelled request leaves at once, its K/V handed back to its own cache.
+
+The batch's K/V is one buffer (`hf.batch_kv`) whose rows are exactly the requests of the step
+being run; a lone request steps on its own cache, as without batching (same kernels, numbers).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..hf.batch_kv import BatchKV
+from ..hf.batch_step import batched_step_logits
+from ..hf.lean_step import LeanStep, decode_step_logits, lean_step_for
+from .compute import Compute
+from .request import Request
+
+STEP = object()  # what a request's generator yields where it needs its next forward pass
+
+StepListener = Callable[[int, float], None]  # (rows, seconds) of each step run
+
+
+@dataclass(slots=True, eq=False)  # compared by identity: a request's arrays have no truth value
+class Running:
+    """A request on the batch: its generator, and the queue its caller reads (text, then `Ended`)."""
+
+    request: Request
+    steps: Generator[Any, None, Any]
+    out: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A request's end: its result, or the exception it raised."""
+
+    result: Any = None
+    error: BaseException | None = None
+
+
+class StepBatcher:
+    """The running requests of one model, advanced in turns on the compute thread."""
+
+    def __init__(self, model: Any, compute: Compute) -> None:
+        self.model, self.compute = model, compute
+        self.device = next(model.parameters()).device
+        self.listeners: list[StepListener] = []  # e.g. the server's metrics
+        self._lock = threading.Lock()
+        self._arriving: list[Running] = []
+        self._running: list[Running] = []
+        self._kv: BatchKV | None = None
+        self._rows: list[tuple[Request, Any]] = []  # the buffer's rows: (request, the cache it joined from)
+        compute.add_ticker(self)
+
+    @property
+    def running(self) -> int:
+        """Requests decoding now (the running batch's size)."""
+        return len(self._running)
+
+    def start(self, running: Running) -> None:
+        """Run this request from the next turn."""
+        with self._lock:
+            self._arriving.append(running)
+        self.compute.wake()
+
+    def cancel(self, running: Running) -> None:
+        """Stop it at the next turn (its generator is closed there, its row freed)."""
+        running.cancelled = True
+        self.compute.wake()
+
+    def busy(self) -> bool:
+        return bool(self._arriving or self._running)
+
+    def tick(self) -> None:
+        """One turn: every running request to its next step, then that step for all of them. A
+        failure of the turn itself ends every running request with it (none is left waiting)."""
+        try:
+            self._turn()
+        except Exception as error:
+            self._rows, self._kv = [], None
+            for running in list(self._running):
+                self._running.remove(running)
+                running.out.put(Ended(error=error))
+            raise
+
+    def _turn(self) -> None:
+        with self._lock:
+            self._running += self._arriving
+            self._arriving = []
+        asking = [running for running in list(self._running) if self._advance(running)]
+        if not asking:
+            return
+        started = time.perf_counter()
+        try:
+            self._step([running.request for running in asking])
+        except Exception as error:  # noqa: BLE001 - each request of the step ends with it
+            self._drop(list(range(len(self._rows))))  # the buffer may be half-written
+            for running in asking:
+                self._end(running, Ended(error=error))
+            return
+        for listener in self.listeners:
+            listener(len(asking), time.perf_counter() - started)
+
+    def leave(self, request: Request) -> None:
+        """`request` decodes no more: its row is freed and its K/V is back in its own cache."""
+        self._drop([index for index, (member, _) in enumerate(self._rows) if member is request])
+
+    def _advance(self, running: Running) -> bool:
+        """Run the request's generator to its next STEP (True), or to its end."""
+        if running.cancelled:
+            running.steps.close()  # its `finally`s run here: it leaves the batch
+            self._end(running, Ended(error=None))
+            return False
+        try:
+            while (item := next(running.steps)) is not STEP:
+                running.out.put(item)
+            return True
+        except StopIteration as done:
+            self._end(running, Ended(result=done.value))
+        except BaseException as error:  # noqa: BLE001 - raised to the caller, in its thread
+            self._end(running, Ended(error=error))
+        return False
+
+    def _end(self, running: Running, ended: Ended) -> None:
+        if running in self._running:
+            self._running.remove(running)
+        self.leave(running.request)
+        running.out.put(ended)
+
+    def _step(self, requests: list[Request]) -> None:
+        """The forward pass of each request's last token (`request.generated[-1]`)."""
+        step = lean_step_for(self.model)
+        if step is None or len(requests) == 1:
+            self._drop(list(range(len(self._rows))))
+            for request in requests:
+                position = torch.tensor([request.next_position - 1], device=self.device)
+                token_ids = torch.tensor([request.generated[-1]], device=self.device)
+                request.logits = decode_step_logits(self.model, token_ids, position, request.cache)
+            return
+        self._batched(step, requests)
+
+    def _batched(self, step: LeanStep, requests: list[Request]) -> None:
+        """One step of these requests: the buffer made to hold exactly them."""
+        wanted = {id(request): request.cache for request in requests}
+        self._drop([i for i, (member, cache) in enumerate(self._rows) if wanted.get(id(member)) is not cache])
+        if self._kv is None:
+            dtype = requests[0].cache.layers[0].keys.dtype
+            self._kv = BatchKV(len(step.layers), step.kv_heads, step.head_dim, dtype, self.device)
+        present = {id(member) for member, _ in self._rows}
+        joining = [request for request in requests if id(request) not in present]
+        longest = max((request.cache.layers[0].keys.shape[-2] for request in requests), default=0)
+        self._kv.reserve(len(requests), longest + 1)  # one allocation for every joiner
+        for request in joining:
+            self._kv.join(request.cache)
+            self._rows.append((request, request.cache))
+        row_of = {id(member): row for row, (member, _) in enumerate(self._rows)}
+        by_row = sorted(requests, key=lambda request: row_of[id(request)])
+        token_ids = torch.tensor([request.generated[-1] for request in by_row], device=self.device)
+        positions = torch.tensor([request.next_position - 1 for request in by_row], device=self.device)
+        logits = batched_step_logits(step, token_ids, positions, self._kv)
+        for row, request in enumerate(by_row):
+            request.logits = logits[row]
+
+    def _drop(self, rows: list[int]) -> None:
+        """Free these rows, highest first (a freed row takes the last one's place)."""
+        for row in sorted(rows, reverse=True):
+            assert self._kv is not None
+            member, cache = self._rows[row]
+            moved = self._kv.leave(row, cache if member.cache is cache else None)
+            if moved is not None:
+                self._rows[row] = self._rows[moved]
+            self._rows.pop()

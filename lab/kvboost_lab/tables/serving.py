@@ -1,0 +1,50 @@
+"""The table of the serving benchmark: ours and the peers under 1, 4, 8 concurrent clients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .format import Column, columns_table, get
+
+
+def serving(data: dict[str, Any]) -> str:
+    """Aggregate and per-request figures per server and client count, then the load test."""
+    rows = []
+    for server, label in (("ours", "kvboost-rag serve"), ("llama_cpp", "llama-server --parallel")):
+        one = data.get(server, {}).get("1")
+        for clients, row in data.get(server, {}).items():
+            rows.append(
+                {
+                    "server": label,
+                    "clients": int(clients),
+                    "x": row["aggregate_tokens_per_s"] / one["aggregate_tokens_per_s"] if one else None,
+                }
+                | row
+            )
+    batch = data.get("transformers_generate_batch")
+    if batch:
+        rows.append({"server": "transformers generate_batch (no server)", "clients": batch["requests"]} | batch)
+    seconds = lambda s: f"{s * 1000:,.0f} ms"  # noqa: E731
+    columns: list[Column] = [
+        ("server", get("server"), "{}"),
+        ("clients", get("clients"), "{}"),
+        ("tokens/s, all", get("aggregate_tokens_per_s"), "{:.1f}"),
+        ("x one client", get("x"), "{:.2f}x"),
+        ("TTFT p50", get("ttft_p50_s"), seconds),
+        ("TTFT p95", get("ttft_p95_s"), seconds),
+        ("decode tokens/s a request, p50", get("decode_tokens_per_s_p50"), "{:.1f}"),
+        ("slowest 5%", get("decode_tokens_per_s_p95_low"), "{:.1f}"),
+        ("first chunk = 1 client", get("same_first_chunk"), "{:.0%}"),
+        ("answer = 1 client", get("same_answer"), "{:.0%}"),
+        ("errors", get("errors"), "{}"),
+    ]
+    load = data.get("load_test", {})
+    notes = (
+        f"{data['prompts']} NQ prompts (k={data['k']}, documents warmed), {data['max_tokens']} tokens each "
+        f"(ignore_eos), greedy; the official openai client, streaming. Full prefill alone: "
+        f"{data['full_prefill_s'] * 1000:,.0f} ms to the first token. Load test: {load.get('requests')} requests "
+        f"from 8 clients, {load.get('hung_up')} hung up after two chunks: {load.get('errors')} errors, "
+        f"{load.get('truncated')} truncated, {load.get('running_after'):.0f} running and "
+        f"{load.get('waiting_after'):.0f} waiting after."
+    )
+    return notes + "\n\n" + columns_table(columns, rows)

@@ -1,0 +1,125 @@
+"""Continuous batching: concurrent requests decode in one forward pass a step and answer as alone."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+import torch
+
+from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.hf.batch_kv import BatchKV
+from kvboost_rag.hf.cache import make_cache
+
+
+@pytest.fixture()
+def batch_engine(engine: KVBoostRAG) -> KVBoostRAG:
+    """The session's model with an empty store and a batcher of its own (its step sizes counted)."""
+    return KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
+
+
+def step_sizes(engine: KVBoostRAG) -> Counter[int]:
+    sizes: Counter[int] = Counter()
+    engine.batcher.listeners.append(lambda rows, _: sizes.update([rows]))
+    return sizes
+
+
+def prompts_for(passages: list[str]) -> list[str]:
+    return [f"{passages[i]}\n\nQuestion: what is this passage about?\nAnswer:" for i in range(6)]
+
+
+def test_concurrent_requests_step_together_and_answer_as_alone(batch_engine: KVBoostRAG, passages: list[str]) -> None:
+    batch_engine.warm(passages[:6])
+    prompts = prompts_for(passages)
+    # per-request settings stay per request: lengths, a stop string, a seeded sampled answer
+    options = [dict(max_new_tokens=12 + 3 * i, store_prompt=False) for i in range(6)]
+    options[2]["stop"] = ["."]
+    options[4].update(temperature=0.8, top_p=0.9, seed=7)
+    alone = [batch_engine.generate(p, **o) for p, o in zip(prompts, options)]
+    sizes = step_sizes(batch_engine)
+    together: list = [None] * 6
+    start = threading.Barrier(6)
+
+    def answer(i: int) -> None:
+        start.wait()
+        together[i] = batch_engine.generate(prompts[i], **options[i])
+
+    threads = [threading.Thread(target=answer, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert max(sizes) >= 3, sizes  # steps ran several requests in one pass
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [r.finish_reason for r in together] == [r.finish_reason for r in alone]
+    assert batch_engine.batcher.running == 0
+
+
+def test_generate_batch_answers_in_order_and_checks_every_prompt_first(
+    batch_engine: KVBoostRAG, passages: list[str]
+) -> None:
+    prompts = prompts_for(passages)[:4]
+    alone = [batch_engine.generate(p, max_new_tokens=8, store_prompt=False).token_ids for p in prompts]
+    sizes = step_sizes(batch_engine)
+    results = batch_engine.generate_batch(prompts, max_new_tokens=8, store_prompt=False)
+    assert [r.token_ids for r in results] == alone and max(sizes) >= 2
+    stepped = sum(sizes.values())
+    with pytest.raises(TypeError):
+        batch_engine.generate_batch([prompts[0], 42], max_new_tokens=8)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="max_running"):
+        batch_engine.generate_batch(prompts, max_running=0)
+    assert sum(sizes.values()) == stepped  # no model work for a batch with a bad prompt
+
+
+def test_a_closed_stream_leaves_the_batch_at_once(batch_engine: KVBoostRAG, passages: list[str]) -> None:
+    prompts = prompts_for(passages)[:3]
+    alone = [batch_engine.generate(p, max_new_tokens=24, ignore_eos=True, store_prompt=False).text for p in prompts]
+    batcher = batch_engine.batcher
+    streams = [batch_engine.stream(p, max_new_tokens=24, ignore_eos=True, store_prompt=False) for p in prompts]
+    texts: list[str] = [""] * 3
+    running_after_close: list[int] = []
+    start = threading.Barrier(3)
+
+    def read(i: int) -> None:
+        start.wait()
+        for count, delta in enumerate(streams[i]):
+            texts[i] += delta
+            if i == 0 and count == 3:
+                streams[i].close()
+                running_after_close.append(batcher.running)
+                return
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert running_after_close and running_after_close[0] <= 2  # its row was freed by the close itself
+    assert texts[1:] == alone[1:] and alone[0].startswith(texts[0]) and texts[0]
+    assert batcher.running == 0
+
+
+def test_batch_kv_rows_join_grow_and_leave_into_their_own_caches() -> None:
+    torch.manual_seed(0)
+    layers, heads, dim = 2, 3, 4
+    lengths = (5, 9, 7)
+    caches = [make_cache(torch.randn(layers, heads, n, dim), torch.randn(layers, heads, n, dim)) for n in lengths]
+    originals = [cache.layers[1].keys.clone() for cache in caches]
+    kv = BatchKV(layers, heads, dim, torch.float32, torch.device("cpu"))
+    assert [kv.join(cache) for cache in caches] == [0, 1, 2]
+    slots = kv.reserve_step()
+    assert slots.tolist() == list(lengths)
+    new_keys = torch.randn(3, heads, 1, dim)
+    for layer in range(layers):
+        kv.append(layer, new_keys, new_keys + 1, slots)
+    kv.advance()
+    assert kv.leave(0, caches[0]) == 2  # the last row moved into the freed one
+    assert kv.lengths == [8, 10]
+    assert torch.equal(kv.keys[1, 0, :, :8], torch.cat([originals[2], new_keys[2:3]], dim=2)[0])
+    held = caches[0].layers[1]
+    assert held.keys.shape[-2] == 6
+    assert torch.equal(held.keys[0, :, :5], originals[0][0]) and torch.equal(held.keys[0, :, 5], new_keys[0, :, 0])
+    assert torch.equal(held.values[0, :, 5], new_keys[0, :, 0] + 1)
+    assert kv.leave(1, None) is None and kv.rows == 1  # a dropped cache gets nothing back
+    assert caches[1].layers[0].keys.shape[-2] == 9
