@@ -123,3 +123,27 @@ def test_batch_kv_rows_join_grow_and_leave_into_their_own_caches() -> None:
     assert torch.equal(held.values[0, :, 5], new_keys[0, :, 0] + 1)
     assert kv.leave(1, None) is None and kv.rows == 1  # a dropped cache gets nothing back
     assert caches[1].layers[0].keys.shape[-2] == 9
+
+
+def test_answers_kept_after_batched_decoding_hold_the_sequential_kv(engine: KVBoostRAG, passages: list[str]) -> None:
+    """A turn decoded in a batch keeps the KV for the next turn that one decoded alone keeps: the
+    rows' K/V went back to each request's own cache."""
+    chats = [[{"role": "user", "content": f"{passages[i]}\n\nWhat is this about?"}] for i in (10, 11, 12)]
+
+    def follow_up(chat: list, answer: str) -> list:
+        return [*chat, {"role": "assistant", "content": answer}, {"role": "user", "content": "Say more."}]
+
+    alone = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
+    answers = [alone.generate(chat, max_new_tokens=12).text for chat in chats]
+    expected = [alone.next_token_logits(follow_up(c, a))[0] for c, a in zip(chats, answers)]
+    batched = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
+    sizes = step_sizes(batched)
+    results = batched.generate_batch(chats, max_new_tokens=12)
+    assert [r.text for r in results] == answers and max(sizes) == 3
+    for chat, answer, logits in zip(chats, answers, expected):
+        got, plan = batched.next_token_logits(follow_up(chat, answer))
+        assert plan.tokens("exact") > 0  # the kept turn is found
+        # equal up to rounding (3e-5 here: the batch's attention sums over the padded width);
+        # a row's K/V lost or taken from another row moves logits by whole units
+        torch.testing.assert_close(got, logits, atol=1e-3, rtol=0)
+        assert int(got.argmax()) == int(logits.argmax())
