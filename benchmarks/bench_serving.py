@@ -222,6 +222,7 @@ def main() -> None:
     prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
     port = free_port()
     flags = ["--store", "memory", "--port", str(port), "--device", args.device, "--max-waiting", "256"]
+    flags += ["--max-running", str(max(args.clients))]  # the batch holds every client (8: the default)
     command = [sys.executable, "-m", "kvboost_rag.cli", "serve", *flags]
     if args.model:
         command += ["--model", args.model]

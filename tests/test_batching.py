@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections import Counter
 
@@ -147,3 +148,32 @@ def test_answers_kept_after_batched_decoding_hold_the_sequential_kv(engine: KVBo
         # a row's K/V lost or taken from another row moves logits by whole units
         torch.testing.assert_close(got, logits, atol=1e-3, rtol=0)
         assert int(got.argmax()) == int(logits.argmax())
+
+
+def test_a_stream_dropped_unfinished_leaves_the_batch(batch_engine: KVBoostRAG, passages: list[str]) -> None:
+    prompt = prompts_for(passages)[0]
+    for _ in batch_engine.stream(prompt, max_new_tokens=500, ignore_eos=True, store_prompt=False):
+        break  # the stream is dropped here, unfinished
+    gc.collect()
+    assert batch_engine.generate("Say hi.", max_new_tokens=2, store_prompt=False).new_tokens == 2
+    assert batch_engine.batcher.running == 0 and not batch_engine.batcher.busy()
+
+
+def test_a_failed_step_ends_its_requests_with_the_error_and_the_batch_goes_on(
+    batch_engine: KVBoostRAG, passages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvboost_rag.engine.batching as batching
+
+    prompts = prompts_for(passages)[:2]
+    expected = [batch_engine.generate(p, max_new_tokens=4, ignore_eos=True, store_prompt=False).text for p in prompts]
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("the device went away")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(batching, "batched_step_logits", broken)
+        with pytest.raises(RuntimeError, match="device went away"):
+            batch_engine.generate_batch(prompts, max_new_tokens=4, ignore_eos=True, store_prompt=False)
+    assert batch_engine.batcher.running == 0
+    again = batch_engine.generate_batch(prompts, max_new_tokens=4, ignore_eos=True, store_prompt=False)
+    assert [r.text for r in again] == expected

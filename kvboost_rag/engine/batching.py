@@ -14,6 +14,7 @@ being run; a lone request steps on its own cache, as without batching (same kern
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -95,6 +96,8 @@ class StepBatcher:
             for running in list(self._running):
                 self._running.remove(running)
                 running.out.put(Ended(error=error))
+                with contextlib.suppress(Exception):
+                    running.steps.close()
             raise
 
     def _turn(self) -> None:
@@ -138,6 +141,7 @@ class StepBatcher:
     def _end(self, running: Running, ended: Ended) -> None:
         if running in self._running:
             self._running.remove(running)
+        running.steps.close()  # one its step failed under is closed here, not by the collector
         self.leave(running.request)
         running.out.put(ended)
 

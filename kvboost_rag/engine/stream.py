@@ -100,6 +100,11 @@ class GenerationStream(Iterator[str]):
         assert self.result is not None
         return self.result
 
+    def __del__(self) -> None:
+        """A stream dropped unfinished (a loop left with `break`) leaves the batch at its next turn."""
+        if self._started and not self._ended:
+            self._batcher.cancel(self._running)
+
     def close(self) -> None:
         """Stop generating (a client went away); returns once the request has left the batch."""
         if self._ended:
