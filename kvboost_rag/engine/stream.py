@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .batching import Ended, Running, StepBatcher
@@ -118,9 +118,12 @@ class GenerationStream(Iterator[str]):
             self.wait(POLL_S)
 
 
-def finish_all(streams: Sequence[GenerationStream], max_running: int) -> list[GenerationResult]:
+def finish_all(
+    streams: Sequence[GenerationStream], max_running: int, on_text: Callable[[int, str], None] | None = None
+) -> list[GenerationResult]:
     """Every stream to its end, at most `max_running` on the batch at once, driven from this thread;
-    the results in the streams' order. A failure closes the others and is raised."""
+    the results in the streams' order. `on_text(i, delta)` sees stream i's text as it comes. A
+    failure closes the others and is raised."""
     results: list[GenerationResult | None] = [None] * len(streams)
     waiting, active = deque(range(len(streams))), list[int]()
     try:
@@ -133,10 +136,12 @@ def finish_all(streams: Sequence[GenerationStream], max_running: int) -> list[Ge
                 stream = streams[index]
                 stream.wait(0)
                 while stream.has_text:
-                    if next(stream, None) is None:
+                    if (delta := next(stream, None)) is None:
                         results[index] = stream.result
                         active.remove(index)
                         break
+                    if on_text is not None:
+                        on_text(index, delta)
     except BaseException:
         for stream in streams:
             stream.close()

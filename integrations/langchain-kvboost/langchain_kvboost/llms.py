@@ -11,8 +11,11 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables.config import run_in_executor
 
 from kvboost_rag import GenerationResult
+from kvboost_rag.engine.stream import finish_all
 from kvboost_rag.frameworks.usage import sum_usage
 from langchain_kvboost._engine import EngineFields, generation_info
+
+BATCH_ROWS = 8  # prompts of one call decoding together at most (the server's default batch)
 
 
 class KVBoostLLM(EngineFields, LLM):
@@ -43,7 +46,16 @@ class KVBoostLLM(EngineFields, LLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        results = [self._run(prompt, stop, run_manager, **kwargs) for prompt in prompts]
+        if len(prompts) == 1:
+            results = [self._run(prompts[0], stop, run_manager, **kwargs)]
+        else:  # `llm.batch` / `generate` of many prompts: they decode together (continuous batching)
+            streams = [self.open_stream(prompt, stop, **kwargs) for prompt in prompts]
+
+            def on_text(_: int, delta: str) -> None:
+                if run_manager:
+                    run_manager.on_llm_new_token(delta, chunk=GenerationChunk(text=delta))
+
+            results = finish_all(streams, BATCH_ROWS, on_text)
         infos = [generation_info(result) for result in results]
         return LLMResult(
             generations=[[Generation(text=r.text, generation_info=info)] for r, info in zip(results, infos)],
