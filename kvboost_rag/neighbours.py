@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine.compute import compute_thread
+from .engine.compute import process_compute
 
 # How many nearest documents each document is warmed after, wherever an index finds them: on 500
 # NQ questions (k=5, 10) warming after 4 with a smaller repair kept EM within a point of full
@@ -42,7 +42,7 @@ def load_embedder(path: str | os.PathLike[str] | None = None) -> Any:
     from sentence_transformers import SentenceTransformer
 
     source = str(path or default_embedder_path())
-    return compute_thread().run(lambda: SentenceTransformer(source, device="cpu", local_files_only=True))
+    return process_compute().run(lambda: SentenceTransformer(source, device="cpu", local_files_only=True))
 
 
 def embed(texts: list[str], embedder: Any = None, batch_size: int = 64, label: str = "embedding") -> np.ndarray:
@@ -69,7 +69,7 @@ def embed(texts: list[str], embedder: Any = None, batch_size: int = 64, label: s
 
 def _encode(embedder: Any, texts: list[str], batch_size: int) -> np.ndarray:
     # where the model's passes run (`engine.compute`): torch kernels on one thread
-    vectors = compute_thread().run(
+    vectors = process_compute().run(
         lambda: embedder.encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
     )
     return np.asarray(vectors, dtype=np.float32)

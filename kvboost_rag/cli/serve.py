@@ -116,7 +116,7 @@ def serve(
         from ..server.listen import AnnouncingServer, CannotListen, bind, url
     except ImportError as error:
         raise typer.BadParameter(f"the server needs its extra: pip install 'kvboost-rag[server]' ({error})") from None
-    from ..engine.compute import compute_thread
+    from ..engine.compute import process_compute
     from ..engine.inputs import check_temperature
     from ..neighbours import embedder_installed
     from ..options import build_engine, check_options
@@ -149,8 +149,8 @@ def serve(
         raise typer.Exit(1) from None
     with sock:
         # every forward pass on one thread of its own, the model loaded there too (engine/compute.py)
-        compute_thread().dedicate()
-        engine = compute_thread().run(build_engine, options)
+        process_compute().dedicate()
+        engine = process_compute().run(build_engine, options)
         app_ = create_app(engine, settings)
         # NOTE: running work stops at its next step on shutdown (listen.py); the timeout bounds the rest
         config = uvicorn.Config(

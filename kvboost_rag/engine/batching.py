@@ -151,11 +151,15 @@ class StepBatcher:
         if step is None or len(requests) == 1:
             self._drop(list(range(len(self._rows))))
             for request in requests:
-                position = torch.tensor([request.next_position - 1], device=self.device)
-                token_ids = torch.tensor([request.generated[-1]], device=self.device)
-                request.logits = decode_step_logits(self.model, token_ids, position, request.cache)
+                request.logits = self.step_alone(request)
             return
         self._batched(step, requests)
+
+    def step_alone(self, request: Request) -> torch.Tensor:
+        """The logits after the request's last token, from its own cache (no batch row)."""
+        position = torch.tensor([request.next_position - 1], device=self.device)
+        token_ids = torch.tensor([request.generated[-1]], device=self.device)
+        return decode_step_logits(self.model, token_ids, position, request.cache)
 
     def _batched(self, step: LeanStep, requests: list[Request]) -> None:
         """One step of these requests: the buffer made to hold exactly them."""

@@ -113,6 +113,6 @@ class Compute:
 _COMPUTE = Compute()
 
 
-def compute_thread() -> Compute:
+def process_compute() -> Compute:
     """The process's one place for model work."""
     return _COMPUTE

@@ -50,7 +50,7 @@ class DecodeObserver:
 
 
 class Decoder:
-    """Runs the decode loop of requests on one model; forward passes take the model lock."""
+    """Runs the decode loop of requests on one model; their steps run in the batch (`batching.py`)."""
 
     def __init__(self, model: Any, tokenizer: Any, compute: Compute, stop_ids: set[int]) -> None:
         self.model = model
@@ -159,12 +159,9 @@ class Decoder:
         if request.sparse_decode is None:
             yield STEP
             return
-        token = request.generated[-1]
-        position = torch.tensor([request.next_position - 1], device=self.device)
         retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
         try:
-            token_ids = torch.tensor([token], device=self.device)
-            request.logits = self.compute.run(decode_step_logits, self.model, token_ids, position, request.cache)
+            request.logits = self.compute.run(self.batcher.step_alone, request)
         finally:
             ACTIVE_SPARSE_DECODE.reset(retrieving)
 

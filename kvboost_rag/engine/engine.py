@@ -26,7 +26,7 @@ from ..store.chunk_store import ChunkStore
 from ..store.location import StoreLocations
 from ..store.open import open_store, record_settings
 from .batching import Running
-from .compute import compute_thread
+from .compute import process_compute
 from .decode import DecodeObserver, Decoder
 from .documents import DocumentWriter
 from .inputs import check_documents, check_groups, check_real
@@ -45,8 +45,9 @@ NO_OBSERVER = DecodeObserver()
 class KVBoostRAG:
     """A HuggingFace causal LM with position-independent chunk KV reuse.
 
-    Thread-safe: concurrent requests decode together, one forward pass a step (`batching.py`);
-    prefills take the model lock between steps, the store has its own lock.
+    Thread-safe: concurrent requests decode together, one forward pass a step (`batching.py`), a
+    prefill runs between two steps, all model work where `compute.py` runs it; the store has its
+    own lock.
     """
 
     def __init__(
@@ -85,7 +86,7 @@ class KVBoostRAG:
             config = replace(config, mode="full")  # a new config: the caller's is left as given
         self.config, self.store = config, store
         self.max_context = context_window(model)
-        self._compute = compute_thread()  # every forward pass of the process, on one thread
+        self._compute = process_compute()  # every forward pass of the process, on one thread
         if adapt_model:  # after the fingerprint, which hashes the weights as loaded
             if reuse_supported:
                 use_reuse_attention(model)  # reuse passes are few queries over a long cache
@@ -130,12 +131,12 @@ class KVBoostRAG:
         StoreLocations.parse(config.store)  # a bad store is refused before the model loads
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         # loaded on the compute thread, as every later pass runs (`compute.py`: one thread's kernels)
-        loaded = compute_thread().run(
+        loaded = process_compute().run(
             load_model, name_or_path, resolve_dtype(dtype, device), device, allow_unsupported, weights
         )
         options = {"name": loaded.name, "reuse_supported": loaded.reuse_supported}
         options["unsupported_reason"] = loaded.unsupported_reason
-        return compute_thread().run(functools.partial(cls, loaded.model, loaded.tokenizer, config, **options))
+        return process_compute().run(functools.partial(cls, loaded.model, loaded.tokenizer, config, **options))
 
     # documents ---------------------------------------------------------------------------
     def warm(

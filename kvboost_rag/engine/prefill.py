@@ -46,7 +46,7 @@ Strategy = Callable[["PrefillRunner", np.ndarray, ReusePlan, StageTimings, Repai
 
 
 class PrefillRunner:
-    """Runs prefills on one model; forward passes take the shared model lock."""
+    """Runs prefills on one model; forward passes run where `compute.py` runs model work."""
 
     def __init__(self, model: Any, rotary: Any | None, compute: Compute) -> None:
         self.model = model

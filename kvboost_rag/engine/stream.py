@@ -64,9 +64,10 @@ class GenerationStream(Iterator[str]):
             self._come.append(self._running.out.get(block=compute.dedicated, timeout=timeout))
         except queue.Empty:
             return
-        self._take_come()
+        self.collect()
 
-    def _take_come(self) -> None:
+    def collect(self) -> None:
+        """Keep what the batch has produced for this stream so far, without running a turn."""
         try:
             while True:
                 self._come.append(self._running.out.get_nowait())
@@ -80,7 +81,7 @@ class GenerationStream(Iterator[str]):
     def ready_text(self) -> str:
         """The text produced already and not read yet, at once: a reader that fell behind (a
         server writing to a slow client) catches up in one piece instead of one token at a time."""
-        self._take_come()
+        self.collect()
         parts = []
         while self._come and isinstance(self._come[0], str):
             parts.append(self._come.popleft())
@@ -131,10 +132,10 @@ def finish_all(
             while waiting and len(active) < max_running:
                 active.append(index := waiting.popleft())
                 streams[index].begin()
-            streams[active[0]].wait(POLL_S)
+            streams[active[0]].wait(POLL_S)  # one turn of the batch here (or a wait on the compute thread)
             for index in list(active):
                 stream = streams[index]
-                stream.wait(0)
+                stream.collect()
                 while stream.has_text:
                     if (delta := next(stream, None)) is None:
                         results[index] = stream.result

@@ -25,7 +25,7 @@ Neighbours = Sequence[Sequence[str]]  # per document, the texts it is encoded af
 
 
 class Warmer:
-    """Warms documents into one store with one model; forward passes take the model lock."""
+    """Warms documents into one store with one model; its passes run where `compute.py` runs model work."""
 
     def __init__(
         self,

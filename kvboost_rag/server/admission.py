@@ -66,7 +66,7 @@ class RunningSlot:
     """One of the `max_running` places: `take` blocks until one is free; `give_back` returns it
     once, and only if it was taken (a request cancelled while waiting never took one)."""
 
-    def __init__(self, places: threading.Semaphore, count_held: Callable[[int], None] = lambda _: None) -> None:
+    def __init__(self, places: threading.Semaphore, count_held: Callable[[int], None]) -> None:
         self._places, self._count_held = places, count_held
         self._held = False
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine import KVBoostRAG
-from ..engine.compute import compute_thread
+from ..engine.compute import process_compute
 from ..engine.inputs import can_be_neighbour
 from ..engine.result import WarmReport
 from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, HeldDocuments, embedder_installed, found_by
@@ -65,5 +65,5 @@ def warm_with_neighbours(
         )
     documents = body.documents
     # the embedder and the index on the thread of the model's passes (`engine.compute`)
-    nearest = compute_thread().run(held.nearest, documents, count, can_be_neighbour) if count else None
+    nearest = process_compute().run(held.nearest, documents, count, can_be_neighbour) if count else None
     return engine.warm(documents, pin=body.pin, neighbours=nearest, neighbours_from=found_by(BUNDLED_EMBEDDER, count))

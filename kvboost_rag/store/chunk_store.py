@@ -37,11 +37,16 @@ class ChunkStore:
     ) -> None:
         self.memory = MemoryTier(budget_bytes, match_window, weights)
         self.tiers = list(tiers)  # persistent tiers below memory, in lookup order
-        self.tier_errors = 0  # tier calls that failed and were served without the tier
         # chunks found and tier calls failed, by tier ("memory", "DiskStore", "RedisStore"): for metrics
-        self.hits: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self._errors_lock = threading.Lock()
+        self._hits: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+
+    @property
+    def tier_errors(self) -> int:
+        """Tier calls that failed and were served without the tier."""
+        with self._counts_lock:
+            return sum(self._errors.values())
 
     @property
     def budget_bytes(self) -> int:
@@ -59,7 +64,7 @@ class ChunkStore:
     def get_exact(self, key: PrefixHash) -> ChunkEntry | None:
         found = self.memory.get_exact(key)
         if found is not None:
-            self._count(self.hits, "memory")
+            self._count(self._hits, "memory")
             return found
         return self._from_tiers(lambda tier: tier.get_exact(key))
 
@@ -72,7 +77,7 @@ class ChunkStore:
         for tier in self.tiers:
             found = self.safely(tier, "lookup", lambda: lookup(tier), None)
             if found is not None:
-                self._count(self.hits, type(tier).__name__)
+                self._count(self._hits, type(tier).__name__)
                 self.memory.put(found)
                 return found
         return None
@@ -93,7 +98,7 @@ class ChunkStore:
         """Count a hit for entries a prompt reused (found through window candidates)."""
         used = {e.content_hash: e for e in entries}
         self.memory.mark_used(used)
-        self._count(self.hits, "memory", len(used))
+        self._count(self._hits, "memory", len(used))
         if used:
             for tier in self.tiers:
                 self.safely(tier, "recording use", lambda: tier.touch(used), None)
@@ -167,9 +172,7 @@ class ChunkStore:
         try:
             return call()
         except Exception as error:  # noqa: BLE001 - any store error becomes a recompute
-            with self._errors_lock:
-                self.tier_errors += 1
-            self._count(self.errors, type(tier).__name__)
+            self._count(self._errors, type(tier).__name__)
             warnings.warn(
                 f"kvboost-rag: {what} in {tier!r} failed ({type(error).__name__}: {error}); served without it",
                 stacklevel=3,
@@ -178,12 +181,12 @@ class ChunkStore:
 
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """Chunks found and tier calls failed so far, by tier: copies, for metrics."""
-        with self._errors_lock:
-            return dict(self.hits), dict(self.errors)
+        with self._counts_lock:
+            return dict(self._hits), dict(self._errors)
 
     def _count(self, counter: Counter[str], tier: str, count: int = 1) -> None:
         if count:
-            with self._errors_lock:
+            with self._counts_lock:
                 counter[tier] += count
 
     def close(self) -> None:

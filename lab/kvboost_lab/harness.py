@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kvboost_rag.engine import GenerationResult, KVBoostRAG, Prompt, WarmReport
-from kvboost_rag.engine.compute import compute_thread
+from kvboost_rag.engine.compute import process_compute
 from kvboost_rag.engine.prefill import PrefillRunner
 from kvboost_rag.eval.data import QAExample, load_qa
 from kvboost_rag.eval.prompt import rag_messages
@@ -152,7 +152,7 @@ def assemble_reused(
     engine: KVBoostRAG, plan: ReusePlan, in_position_order: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A plan's cached K/V moved to their new positions, as the engine's prefill assembles them."""
-    return PrefillRunner(engine.model, rotary_module(engine.model), compute_thread()).assemble(plan, in_position_order)
+    return PrefillRunner(engine.model, rotary_module(engine.model), process_compute()).assemble(plan, in_position_order)
 
 
 def full_prefill_kv(engine: KVBoostRAG, tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
