@@ -178,21 +178,19 @@ def test_cli_eval_runs_on_a_small_file(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "eval_k2_n2.md").is_file()
 
 
-def test_cli_eval_warms_as_the_cli_does_and_can_warm_together_or_mix_in_random_passages(tmp_path: Path) -> None:
+def test_cli_eval_warms_as_the_cli_does_and_can_mix_in_random_passages(tmp_path: Path) -> None:
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
     common = ["eval", "--data", str(path), "--limit", "2", "--k", "2", "--rho-sweep", "", "--max-new-tokens", "2"]
-    runs = [([], "eval_k2_n2"), (["--warm-together"], "eval_k2_n2_together")]
-    runs.append((["--random-others"], "eval_k2_n2_random"))
-    for extra, stem in runs:
+    for extra, stem in [([], "eval_k2_n2"), (["--random-others"], "eval_k2_n2_random")]:
         out = tmp_path / stem
-        result = CliRunner().invoke(app, [*common, "--variants", "full,default,plain", "--out", str(out), *extra])
+        variants = "full,default,plain,together"
+        result = CliRunner().invoke(app, [*common, "--variants", variants, "--out", str(out), *extra])
         assert result.exit_code == 0, result.output
         report = json.loads((out / f"{stem}.json").read_text())
         assert report["settings"]["warm_neighbours"] == 4, "as kvboost-rag warm warms"
-        assert report["settings"]["warm_together"] == (extra == ["--warm-together"])
         assert report["settings"]["random_others"] == (extra == ["--random-others"])
-        assert set(report["summary"]) == {"full", "default", "plain"} and "retention" in report["summary"]["plain"]
+        assert set(report["summary"]) == set(variants.split(",")) and "retention" in report["summary"]["plain"]
 
 
 def test_cli_eval_refuses_unknown_variants(tmp_path: Path) -> None:
@@ -277,6 +275,48 @@ def test_default_reads_documents_warmed_after_neighbours_and_plain_reads_them_wa
     assert all(0 < d < p for d, p in zip(default, plain)), "less repair of chunks warmed after neighbours"
     default, plain = shares(None)
     assert default == plain, "with nothing warmed after neighbours, plain is the default"
+
+
+def test_together_reads_its_own_store_of_documents_warmed_in_their_groups(
+    fresh_engine: KVBoostRAG, passages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvboost_rag.eval.data import QAExample
+    from kvboost_rag.records import Passage
+
+    examples = [
+        QAExample(f"Question {i}?", ("x",), tuple(Passage("", p) for p in passages[4 * i : 4 * i + 4]))
+        for i in range(2)
+    ]
+    documents = [[p.as_document() for p in example.passages] for example in examples]
+    group_of = {d: group for group in documents for d in group}.__getitem__
+    neighbours_for = lambda d: [o for o in group_of(d) if o != d]  # noqa: E731
+    chosen = variants(["plain", "together"], Baseline(RepairConfig(max_tokens_per_run=None), ExactnessConfig.off()))
+    warmed: list[tuple[KVBoostRAG, list[list[str]]]] = []
+    warm_together = KVBoostRAG.warm_together
+
+    def spy(self: KVBoostRAG, groups: list[list[str]], **options: object) -> object:
+        warmed.append((self, groups))
+        return warm_together(self, groups, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(KVBoostRAG, "warm_together", spy)
+    engine = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, fresh_engine.config, name=fresh_engine.name)
+    report = run_eval(
+        engine,
+        examples,
+        documents.__getitem__,
+        chosen,
+        max_new_tokens=2,
+        neighbours_for=neighbours_for,
+        group_of=group_of,
+    )
+    stores = {id(store) for store, _ in warmed}
+    assert len(stores) == 1 and id(engine) not in stores, "a store of its own, not the corpus's"
+    assert [documents[0]] in [groups for _, groups in warmed] and [documents[1]] in [g for _, g in warmed]
+    together = [r.repair_share for r in report.records["together"]]
+    plain = [r.repair_share for r in report.records["plain"]]
+    assert all(0 < t < p for t, p in zip(together, plain)), "less repair of chunks warmed with their group"
+    report = run_eval(engine, examples, documents.__getitem__, chosen, max_new_tokens=2)  # no neighbours
+    assert [r.repair_share for r in report.records["together"]] == [r.repair_share for r in report.records["plain"]]
 
 
 def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:

@@ -26,6 +26,18 @@ def _floats(text: str) -> list[float]:
         raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from error
 
 
+def _groups(sample: list[str], neighbours_for: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
+    """Each sample document's group of mutual neighbours (`neighbour_groups` over the sample and
+    their neighbours), as `together` warms them."""
+    from ..neighbours import neighbour_groups
+
+    texts = list(dict.fromkeys(sample + [n for d in sample for n in neighbours_for(d)]))
+    position = {text: i for i, text in enumerate(texts)}
+    found = neighbour_groups([[position[n] for n in neighbours_for(t) if n in position] for t in texts])
+    group = {texts[i]: [texts[j] for j in members] for members in found for i in members}
+    return lambda document: group.get(document, [document])
+
+
 def _say(text: str) -> None:
     """A stage's line on stderr, beside the progress bars, so stdout keeps only the table."""
     typer.echo(text, err=True)
@@ -68,12 +80,6 @@ def eval_command(
             min=0,
         ),
     ] = None,
-    warm_together: Annotated[
-        bool,
-        typer.Option(
-            help="warm groups of mutual neighbours together (two passes a group) instead of each after its own"
-        ),
-    ] = False,
     warm_in_parts: Annotated[
         int,
         typer.Option(
@@ -194,15 +200,13 @@ def eval_command(
             raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs)")
         nearest = index.neighbours(warm_neighbours, parts=warm_in_parts, seed=seed)
         neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
-    groups = None
-    if warm_together and neighbours_for is not None:
-        from ..neighbours import neighbour_groups
-
-        sample = list(dict.fromkeys(d for i in range(len(chosen)) for d in passages_for(i)))
-        texts = list(dict.fromkeys(sample + [n for d in sample for n in neighbours_for(d)]))
-        position = {text: i for i, text in enumerate(texts)}
-        found = neighbour_groups([[position[n] for n in neighbours_for(t) if n in position] for t in texts])
-        groups = [[texts[i] for i in group] for group in found if group[0] < len(sample)]  # opened by a sample document
+    group_of = None
+    if any(v.warming == "together" for v in chosen_variants):
+        if neighbours_for is None:
+            raise typer.BadParameter(
+                "the together variant warms neighbours: it needs retrieval and --warm-neighbours > 0"
+            )
+        group_of = _groups(list(dict.fromkeys(d for i in range(len(chosen)) for d in passages_for(i))), neighbours_for)
     template_text = TEMPLATE
     if template:
         template_text = Path(template).read_text() if Path(template).is_file() else template
@@ -216,7 +220,6 @@ def eval_command(
         random_others=random_others,
         passages_per_document=1 if use_ctxs else doc_passages,
         warm_neighbours=warm_neighbours,
-        warm_together=bool(groups),
         warm_in_parts=warm_in_parts,
         seed=seed,
         model=engine.name,
@@ -248,12 +251,11 @@ def eval_command(
             stage=bar.set_description_str,
             settings=settings,
             neighbours_for=neighbours_for,
-            warm_groups=groups,
+            group_of=group_of,
         )
     typer.echo(format_table(report, full=wide))
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
     stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
-    stem += "_together" if groups else ""
     stem += f"_parts{warm_in_parts}" if warm_in_parts > 1 else ""
     stem += "_random" if random_others and not use_ctxs else ""
     paths = write(report, out, stem)

@@ -138,37 +138,52 @@ def run_eval(
     stage: Callable[[str], None] = lambda what: None,
     settings: dict[str, Any] | None = None,
     neighbours_for: Callable[[str], list[str]] | None = None,
-    warm_groups: list[list[str]] | None = None,
+    group_of: Callable[[str], list[str]] | None = None,
 ) -> EvalReport:
     """Answer every example with every variant; `passages_for(i)` gives example i's documents,
-    warmed after `neighbours_for(document)` where given; `warm_alone` variants read a second store
-    of the same documents warmed alone. `warm_groups` are warmed together first (`warm_together`),
-    so the per-question warming finds their members warm. `stage` hears what runs now ("warming",
+    warmed after `neighbours_for(document)` where given. Variants that read documents warmed
+    otherwise read a store of their own: each document alone, or its group of mutual neighbours
+    `group_of(document)` warmed together (`warm_together`) when a question first needs it, so
+    the store never holds more groups than its budget. `stage` hears what runs now ("warming",
     "answering: <variant>"), for a progress bar to show."""
     if not variants or variants[0].mode != "full":
         raise ValueError("the first variant must be full prefill: every other is measured against it")
     report = EvalReport(settings=dict(settings or {}))
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
-    alone = engine
-    if neighbours_for is not None and any(v.warm_alone for v in [*variants, *(sweep or [])]):
-        alone = KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store=MEMORY_ONLY), name=engine.name)
-    if warm_groups:
-        stage(f"warming {len(warm_groups)} neighbour groups together")
-        engine.warm_together(warm_groups)
-    reusing = any(v.mode != "full" for v in [*variants, *(sweep or [])])  # else nothing reads warm KV
+    every = [*variants, *(sweep or [])]
+    warmings = {v.warming for v in every} - {"corpus"}
+    if neighbours_for is None:
+        warmings = set()  # the corpus is warmed alone already: one store serves every variant
+    elif group_of is None and "together" in warmings:
+        warmings = warmings - {"together"} | {"alone"}  # no groups: groups of one, each document alone
+    stores = {
+        w: KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store=MEMORY_ONLY), name=engine.name)
+        for w in sorted(warmings)
+    }
+    alone = stores.get("alone", engine)
+    reader = {"corpus": engine, "alone": alone, "together": stores.get("together", alone)}
+
+    def warm(warming: str, documents: list[str]) -> None:
+        if warming == "corpus":
+            engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
+        elif warming == "alone":
+            stores["alone"].warm(documents)
+        elif group_of is not None:  # together: each group once, members already warm are skipped
+            stores["together"].warm_together([list(g) for g in dict.fromkeys(tuple(group_of(d)) for d in documents)])
+
+    reusing = any(v.mode != "full" for v in every)  # else nothing reads warm KV
     if examples and reusing:
         stage("warming the template")
-        warm_template_head(engine, passages_for(0)[0], template, chat, neighbours_for)
-        if alone is not engine:
-            warm_template_head(alone, passages_for(0)[0], template, chat)
+        for warming in ["corpus", *stores]:
+            warm(warming, passages_for(0)[:1])
+            warm_template_head(reader[warming], passages_for(0)[0], template, chat)
     for i in progress(range(len(examples))):
         example = examples[i]
         documents = passages_for(i)
         if reusing:
             stage("warming")
-            engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
-        if alone is not engine:
-            alone.warm(documents)
+            for warming in ["corpus", *stores]:
+                warm(warming, documents)
         documents = fitting_documents(engine, example.question, documents, template, chat, max_new_tokens)
         random.Random(f"{seed}:{i}").shuffle(documents)
         prompt = rag_prompt(example.question, documents, template, chat)
@@ -179,25 +194,20 @@ def run_eval(
         shift = i % max(len(todo), 1)
         for variant in todo[shift:] + todo[:shift]:  # rotate the order: none always runs first
             stage(f"answering: {variant.name}")
-            results[variant.name] = _answer(alone if variant.warm_alone else engine, prompt, variant, max_new_tokens)
+            results[variant.name] = _answer(reader[variant.warming], prompt, variant, max_new_tokens)
         for name, result in results.items():
             report.records.setdefault(name, []).append(_record(i, example, result, reference))
     return report
 
 
-def warm_template_head(
-    engine: KVBoostRAG,
-    document: str,
-    template: str = TEMPLATE,
-    chat: bool = True,
-    neighbours_for: Callable[[str], list[str]] | None = None,
-) -> None:
+def warm_template_head(engine: KVBoostRAG, document: str, template: str = TEMPLATE, chat: bool = True) -> None:
     """One request on the template, so its head (system prompt and opening, before the first
     document) is cached as a user's first request leaves it; every prompt of the run opens with
-    it. Its question is a placeholder, too short a tail to be kept for later prompts."""
+    it. Its question is a placeholder, too short a tail to be kept for later prompts; `document`
+    is warmed first, the way the run warms it (else it is warmed alone here)."""
     if not engine.reuse_supported:
         return
-    engine.warm([document], neighbours=[neighbours_for(document)] if neighbours_for else None)
+    engine.warm([document])
     engine.generate(rag_prompt("?", [document], template, chat), max_new_tokens=1, mode="reuse", store_prompt=True)
 
 

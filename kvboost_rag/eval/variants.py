@@ -3,18 +3,23 @@
 Every prefill variant runs one technique alone (nothing recomputed after the prefill), so its
 row shows what that technique buys; `verify`, `refresh` and `exact` add a step after
 CacheBlend's prefill; `default` is the engine as its settings stand, on documents warmed as
-`kvboost-rag warm` warms them (after their neighbours), and `plain` the same on documents warmed
-alone.
+`kvboost-rag warm` warms them (after their neighbours), `plain` the same on documents warmed
+alone and `together` on documents warmed in groups of mutual neighbours (`warm_together`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from ..config import ExactnessConfig, Mode, RepairConfig
 
 OFF = ExactnessConfig.off()
+
+# How the documents a variant reads were warmed: as the eval's corpus is (after each one's
+# nearest), each alone, or in groups of mutual neighbours; each other than "corpus" is a store of its own.
+Warming = Literal["corpus", "alone", "together"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -23,7 +28,7 @@ class Variant:
     mode: Mode
     repair: RepairConfig | None = None  # None: the engine's
     exactness: ExactnessConfig | None = None  # None: the engine's
-    warm_alone: bool = False  # read documents warmed each alone, where the eval warms after neighbours
+    warming: Warming = "corpus"
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,7 +82,11 @@ VARIANTS: dict[str, Builder] = {
     ),
     "plain": Builder(
         "the engine as configured, documents warmed alone",
-        lambda b: Variant("plain", "reuse", b.repair, b.exactness, warm_alone=True),
+        lambda b: Variant("plain", "reuse", b.repair, b.exactness, warming="alone"),
+    ),
+    "together": Builder(
+        "the engine as configured, documents warmed in groups of mutual neighbours",
+        lambda b: Variant("together", "reuse", b.repair, b.exactness, warming="together"),
     ),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)
