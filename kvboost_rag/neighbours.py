@@ -10,7 +10,7 @@ import functools
 import importlib.util
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,19 @@ def neighbour_groups(nearest: list[list[int]]) -> list[list[int]]:
         grouped.update(group)
         groups.append(group)
     return groups
+
+
+def groups_among(texts: Sequence[str], nearest: Callable[[str], Sequence[str]]) -> list[list[str]]:
+    """`texts` in groups of mutual neighbours, `warm_together`'s argument: `neighbour_groups` over
+    the texts in order, then their neighbours not among them (`nearest(text)`: nearest last). A
+    neighbour outside `texts` stands in a group, and is warmed, only with texts it is near;
+    duplicate and blank texts are dropped."""
+    ordered = [t for t in dict.fromkeys(texts) if t.strip()]
+    nearest_of = {t: [n for n in nearest(t) if n.strip() and n != t] for t in ordered}
+    everything = list(dict.fromkeys(ordered + [n for t in ordered for n in nearest_of[t]]))
+    position = {t: i for i, t in enumerate(everything)}
+    found = neighbour_groups([[position[n] for n in nearest_of.get(t, [])] for t in everything])
+    return [[everything[i] for i in group] for group in found if group[0] < len(ordered)]
 
 
 def nearest_texts(

@@ -229,50 +229,63 @@ def test_warm_cli_fail_fast_stops_at_the_first_bad_file(
     assert not (store / "kv").exists() or DiskStore(store, 16).stats() == [], "stopped before warming"
 
 
-def test_warm_cli_warms_each_document_after_its_nearest_by_default(
+def test_warm_cli_warms_documents_among_their_nearest_by_default(
     tiny_model_dir: Path, tmp_path: Path, passages: list[str]
 ) -> None:
+    from transformers import AutoTokenizer
+
     from kvboost_rag import EngineConfig
-    from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, embed, nearest_others
+    from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, embed, groups_among, nearest_others
     from kvboost_rag.plan.keys import content_hash
 
     documents = passages[:6]
+    nearest = {d: [documents[j] for j in others] for d, others in zip(documents, nearest_others(embed(documents), 4))}
+    groups = groups_among(documents, nearest.__getitem__)
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents))
 
-    def first_chunks(store: Path, count: int, among: int = len(documents)) -> list[tuple[int, int]]:
-        """(context tokens it should have been warmed after, the one its first chunk records), for
-        the documents after the first `among` warmed in a later run (all: one run)."""
+    def contexts(store: Path) -> dict[str, int]:
+        """Each document's recorded context tokens (its first chunk's, equal to where it was stored)."""
         engine = KVBoostRAG.from_pretrained(tiny_model_dir, dtype="float32", config=EngineConfig(store=str(store)))
-
-        def tokens(text: str) -> np.ndarray:
-            return np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, np.int64)
-
-        found = []
-        for document, others in list(zip(documents, nearest_others(embed(documents), count)))[-among:]:
-            context = sum(len(tokens(documents[j])) + len(tokens("\n\n")) for j in others)
-            ids = tokens(document)
+        found = {}
+        for document in documents:
+            ids = np.asarray(engine.tokenizer(document, add_special_tokens=False).input_ids, np.int64)
             entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
-            assert entry is not None and entry.base_position == context == entry.warmed_after.context_tokens
-            found.append((context, entry.warmed_after.context_tokens))
+            assert entry is not None and entry.base_position == entry.warmed_after.context_tokens
+            found[document] = entry.warmed_after.context_tokens
         engine.store.close()
         return found
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False).input_ids)
 
     store = tmp_path / "store"
     result = _warm(folder, store, tiny_model_dir)
     assert result.exit_code == 0, result.output
     assert "6 warmed" in result.stdout and f"each document's {DEFAULT_NEIGHBOURS} nearest" in result.stderr
-    assert all(context > 0 for context, _ in first_chunks(store, DEFAULT_NEIGHBOURS)), "after its nearest"
+    assert any(len(g) > 1 for g in groups)
+    together = contexts(store)
+    for group in groups:  # each member after half its group or more; a group of one alone
+        assert all((together[d] > 0) == (len(group) > 1) for d in group), group
+    each = tmp_path / "each"
+    assert _warm(folder, each, tiny_model_dir, "--no-together").exit_code == 0
+    separator = tokens("\n\n")
+    assert contexts(each) == {d: sum(tokens(n) + separator for n in nearest[d]) for d in documents}, "after its own"
     alone = tmp_path / "alone"
     assert _warm(folder, alone, tiny_model_dir, "--neighbours", "0").exit_code == 0
-    assert first_chunks(alone, 0) == [(0, 0)] * len(documents), "--neighbours 0: each alone"
-    grown = tmp_path / "grown"  # a corpus warmed as it grows: the new documents, among everything
+    assert set(contexts(alone).values()) == {0}, "--neighbours 0: each alone"
+    grown = tmp_path / "grown"  # a corpus warmed as it grows: the new documents among everything
     (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents[:4]))
     assert _warm(folder, grown, tiny_model_dir).exit_code == 0
     (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in documents))
     again = _warm(folder, grown, tiny_model_dir)
     assert again.exit_code == 0 and "2 warmed" in again.stdout and "4 already warm" in again.stdout
-    assert first_chunks(grown, DEFAULT_NEIGHBOURS, among=2) == first_chunks(store, DEFAULT_NEIGHBOURS)[4:]
+    later = contexts(grown)
+    for document in documents[4:]:  # after the warm members of its group, or its group's other new one
+        group = next(g for g in groups if document in g)
+        assert (later[document] > 0) == (len(group) > 1), group
     refused = _warm(folder, store, tiny_model_dir, "--neighbours", "-1")
     assert refused.exit_code == 2 and "Traceback" not in refused.output

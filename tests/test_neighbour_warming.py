@@ -186,5 +186,26 @@ def test_a_group_warmed_together_gives_each_member_the_kv_after_half_its_group_o
     assert report.tokens_encoded <= 2 * plain + 6 * len(separator), "two passes, not (N + 1)"
     again = fresh_engine.warm_together([group])
     assert again.skipped_documents == 3 and again.tokens_encoded == 0
+    # a corpus that grew: the new member's KV is what warming the group at once gives it (only its pass runs)
+    grown = fresh_engine.warm_together([[*group, passages[30]]])
+    assert (grown.skipped_documents, grown.chunks_stored > 0) == (3, True)
+    context = np.concatenate([np.concatenate([tokens_of(fresh_engine, n), separator]) for n in group])
+    tokens = tokens_of(fresh_engine, passages[30])
+    keys, _ = kv_after(fresh_engine, context, tokens)
+    first_chunk = fresh_engine.boundaries(tokens)[1]
+    entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
+    assert entry is not None and entry.warmed_after.context_tokens == entry.base_position == len(context)
+    assert len(entry.warmed_after.neighbours) == 3, "the warm members it was encoded after, recorded"
+    assert torch.allclose(entry.keys, keys[:, :, len(context) : len(context) + first_chunk], atol=1e-4)
+    assert grown.tokens_encoded == len(context) + len(tokens) + len(separator), "one pass: the one storing it"
     with pytest.raises(TypeError, match="groups must be"):
         fresh_engine.warm_together("one text")  # type: ignore[arg-type]
+
+
+def test_groups_among_puts_each_text_in_one_group_with_its_nearest() -> None:
+    from kvboost_rag.neighbours import groups_among
+
+    nearest = {"a": ["c", "b"], "b": ["a"], "c": ["a"], "d": ["x", "a"], "e": []}
+    groups = groups_among(["a", "b", "c", "d", "e", "a", " "], lambda t: nearest[t])
+    assert groups == [["a", "b", "c"], ["d", "x"], ["e"]], "nearest first; x, a neighbour outside, joins d"
+    assert sorted(t for g in groups for t in g if t != "x") == ["a", "b", "c", "d", "e"], "once each, blank dropped"

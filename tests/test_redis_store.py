@@ -20,7 +20,7 @@ import redis
 from kvboost_lab.redis_server import LocalRedis, local_cluster, local_redis
 from kvboost_rag import EngineConfig, ExactnessConfig, KVBoostRAG
 from kvboost_rag.engine.inputs import can_be_neighbour
-from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, nearest_texts
+from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, groups_among, nearest_texts
 from kvboost_rag.plan.keys import ContentHash, Fingerprint, content_hash, document_hash, window_keys
 from kvboost_rag.store.entry import ALONE, ChunkEntry, DocumentRecord, WarmedAfter
 from kvboost_rag.store.location import StoreLocations
@@ -206,8 +206,9 @@ def test_two_processes_and_four_concurrent_warmers_keep_one_copy(
     assert all(w.returncode == 0 for w in warmers), [o[1][-500:] for o in outputs]
     tier = RedisStore(server.url)
     in_process = worker(tiny_engine, "memory", repair="none")
-    # as `kvboost-rag warm` does by default: each after its nearest of the corpus
-    in_process.warm(passages[:12], neighbours=nearest_texts(passages[:12], DEFAULT_NEIGHBOURS, can_be_neighbour))
+    # as `kvboost-rag warm` does by default: groups of mutual neighbours of the corpus
+    nearest = dict(zip(passages[:12], nearest_texts(passages[:12], DEFAULT_NEIGHBOURS, can_be_neighbour)))
+    in_process.warm_together(groups_among(passages[:12], nearest.__getitem__))
     expected = {entry.content_hash for entry in in_process.store}
     assert {ContentHash(KeyLayout.hex_of(k)) for k in chunk_keys(server)} == expected, "one copy of each chunk"
     assert tier.verify().dropped == [] and tier.verify().postings_removed == 0

@@ -27,14 +27,10 @@ def _floats(text: str) -> list[float]:
 
 
 def _groups(sample: list[str], neighbours_for: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
-    """Each sample document's group of mutual neighbours (`neighbour_groups` over the sample and
-    their neighbours), as `together` warms them."""
-    from ..neighbours import neighbour_groups
+    """Each sample document's group of mutual neighbours, as `kvboost-rag warm` groups a corpus."""
+    from ..neighbours import groups_among
 
-    texts = list(dict.fromkeys(sample + [n for d in sample for n in neighbours_for(d)]))
-    position = {text: i for i, text in enumerate(texts)}
-    found = neighbour_groups([[position[n] for n in neighbours_for(t) if n in position] for t in texts])
-    group = {texts[i]: [texts[j] for j in members] for members in found for i in members}
+    group = {member: members for members in groups_among(sample, neighbours_for) for member in members}
     return lambda document: group.get(document, [document])
 
 

@@ -9,7 +9,14 @@ from typing import Annotated, Any
 import typer
 
 from ..engine.inputs import can_be_neighbour
-from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, embedder_installed, found_by, nearest_texts
+from ..neighbours import (
+    BUNDLED_EMBEDDER,
+    DEFAULT_NEIGHBOURS,
+    embedder_installed,
+    found_by,
+    groups_among,
+    nearest_texts,
+)
 from .app import app, store_location
 from .options import table_options
 
@@ -40,6 +47,24 @@ class _Failures:
             raise typer.Exit(1)
 
 
+def _batches(texts: list[str], groups: list[list[str]]) -> list[tuple[list[str], bool]]:
+    """What one warm call takes, in the records' order, and whether it is a group: each group at
+    its first text's record; the rest one by one (ungrouped, a repeated record found warm, a
+    blank one refused and named)."""
+    opened = {group[0]: group for group in groups}
+    grouped = {text for group in groups for text in group}
+    batches: list[tuple[list[str], bool]] = []
+    for text in texts:
+        if text in opened:  # a group opens at its first text (its members come later)
+            batches.append((opened.pop(text), True))
+            grouped.discard(text)
+        elif text in grouped:
+            grouped.discard(text)  # warmed in its group: a later record of it is found warm
+        else:
+            batches.append(([text], False))
+    return batches
+
+
 @app.command()
 @table_options(
     "store",
@@ -63,12 +88,18 @@ def warm(
     neighbours: Annotated[
         int,
         typer.Option(
-            help="encode each document after its N nearest documents of the run by the bundled embedder "
-            "(FusionRAG): KV closer to full prefill's, so prompts need less repair, for (N+1)x the warming "
-            "work; 0: each alone",
+            help="warm each document among its N nearest documents of the run by the bundled embedder "
+            "(FusionRAG): KV closer to full prefill's, so prompts need less repair; 0: each alone",
             min=0,
         ),
     ] = DEFAULT_NEIGHBOURS,
+    together: Annotated[
+        bool,
+        typer.Option(
+            help="groups of mutual neighbours in two passes each, every document after half its group or more "
+            "(~2x plain warming's work); --no-together: each document after its own N nearest ((N+1)x)",
+        ),
+    ] = True,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
     *,
     options: dict[str, Any],
@@ -123,22 +154,34 @@ def warm(
     how = found_by(BUNDLED_EMBEDDER, neighbours)
     engine = build_engine(options)
     skipped = chunks = store_errors = 0
+    where = {text: (path, place) for path, place, text in reversed(documents)}  # a text's first record
+    by_text = dict(zip(texts, nearest))
+    groups = groups_among(texts, lambda text: by_text[text]) if neighbours and together and any(nearest) else []
+    batches = _batches(texts, groups)
     # Progress in characters: proportional to the work, without tokenizing every document twice.
-    total = sum(len(text) for _, _, text in documents)
+    total = sum(len(text) for batch, _ in batches for text in batch)
     with tqdm(total=total, unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
-        for i, (path, where, text) in enumerate(documents):
+        for batch, is_group in batches:
             try:
-                report = engine.warm(text, neighbours=[nearest[i]] if neighbours else None, neighbours_from=how)
+                if is_group:
+                    report = engine.warm_together([batch], neighbours_from=how)
+                else:
+                    after = [by_text[batch[0]]] if neighbours else None
+                    report = engine.warm(batch[0], neighbours=after, neighbours_from=how)
             except (StoreSettingsError, StoreVersionError):
                 raise  # the store's, not the document's: no use going on
             except (ValueError, TypeError) as error:  # refused before any model work: nothing stored
+                if is_group:  # the bad member is found warming them one by one
+                    batches.extend(([text], False) for text in batch)
+                    continue
                 failures.documents += 1
-                failures.report(path, f"{path}: {where + ': ' if where else ''}skipped: {error}")
+                path, place = where[batch[0]]
+                failures.report(path, f"{path}: {place + ': ' if place else ''}skipped: {error}")
             else:
                 skipped += report.skipped_documents
                 chunks += report.chunks_stored
                 store_errors += report.store_errors
-            bar.update(len(text))
+            bar.update(sum(len(text) for text in batch))
     engine.store.close()  # checkpointed: a read-only copy of the store sees every chunk
     warmed = len(documents) - skipped - failures.documents
     failed = f", {failures.documents} failed" if failures.documents else ""

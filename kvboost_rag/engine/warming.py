@@ -81,9 +81,11 @@ class Warmer:
         """Each group of documents that are each other's neighbours, encoded in two passes: in
         its order, then reversed, a blank line between documents. Each member keeps its KV from
         the pass where more of the group stands before it, so it is warmed after half its group
-        or more, for ~2x plain warming's work instead of (N + 1)x. Members already warm are
-        skipped (and stand in no pass); a group passing the window loses its last members, which
-        are warmed alone."""
+        or more, for ~2x plain warming's work instead of (N + 1)x. A member's KV depends on its
+        group alone, whatever else is warm: members already warm are not stored again but still
+        stand in the passes that store others (a pass that stores none is not run), so workers
+        warming one corpus at once, or a corpus warmed as it grows, store what one run would. A
+        group passing the window loses its last members, which are warmed alone."""
         started = time.perf_counter()
         texts = [text for group in groups for text in group]
         tokenized = iter([self.document_tokens(i, text) for i, text in enumerate(texts)])
@@ -92,32 +94,44 @@ class Warmer:
         room = self.max_context - len(self.prefix_tokens)
         for group in groups:
             check_cancelled()
-            members = [next(tokenized) for _ in group]
-            keys = [document_hash(self.keys.document, tokens) for tokens in members]
-            cold = [(tokens, key) for tokens, key in zip(members, keys) if not self.is_warm(key, tokens, report)]
-            report.skipped_documents += len(members) - len(cold)
-            while sum(len(tokens) + len(self.separator) for tokens, _ in cold) > room:
-                tokens, key = cold.pop()  # past the window: warmed alone
-                report.chunks_stored += self.compute.run(self._encode_alone, key, tokens)
-                report.tokens_encoded += len(tokens)
-            if len(cold) == 1:
-                report.chunks_stored += self.compute.run(self._encode_alone, *cold[0][::-1])
-                report.tokens_encoded += len(cold[0][0])
-            elif cold:
-                middle = (len(cold) - 1) / 2
-                forward = [j for j in range(len(cold)) if j >= middle]
-                backward = [len(cold) - 1 - j for j in range(len(cold)) if j < middle]
-                for order, keep in ((list(range(len(cold))), forward), (list(range(len(cold)))[::-1], backward)):
-                    report.chunks_stored += self.compute.run(
-                        self._encode_in_turn, [cold[j] for j in order], keep, neighbours_from
-                    )
-                    report.tokens_encoded += sum(len(cold[j][0]) + len(self.separator) for j in order)
+            members = [
+                (tokens, document_hash(self.keys.document, tokens)) for tokens in [next(tokenized) for _ in group]
+            ]
+            keys = [key for _, key in members]
+            cold = [not self.is_warm(key, tokens, report) for tokens, key in members]
+            report.skipped_documents += cold.count(False)
+            while sum(len(tokens) + len(self.separator) for tokens, _ in members) > room:
+                (tokens, key), was_cold = members.pop(), cold.pop()  # past the window: warmed alone
+                if was_cold:
+                    report.chunks_stored += self.compute.run(self._encode_alone, key, tokens)
+                    report.tokens_encoded += len(tokens)
+            if len(members) == 1 and cold[0]:
+                report.chunks_stored += self.compute.run(self._encode_alone, *members[0][::-1])
+                report.tokens_encoded += len(members[0][0])
+            elif len(members) > 1:
+                for order, keep in self._passes(len(members)):
+                    stored = [position for position in keep if cold[order[position]]]
+                    if stored:
+                        passed = [members[j] for j in order]
+                        report.chunks_stored += self.compute.run(self._encode_in_turn, passed, stored, neighbours_from)
+                        report.tokens_encoded += sum(len(tokens) + len(self.separator) for tokens, _ in passed)
             if pin:
                 for key in keys:
                     self.store.pin_document(key)
         report.store_errors = self.store.tier_errors - errors_before
         report.seconds = time.perf_counter() - started
         return report
+
+    @staticmethod
+    def _passes(size: int) -> list[tuple[list[int], list[int]]]:
+        """A group's two passes: its members' order, and the positions in that order whose KV the
+        pass gives (those with half the group or more before them)."""
+        middle = (size - 1) / 2
+        forward = list(range(size))
+        return [
+            (forward, [j for j in forward if j >= middle]),
+            (forward[::-1], [i for i in forward if size - 1 - i < middle]),
+        ]
 
     def is_warm(self, doc_key: bytes, tokens: np.ndarray, report: WarmReport) -> bool:
         """Whether the document is stored in memory and every tier; one a tier lost is copied there

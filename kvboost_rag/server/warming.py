@@ -15,7 +15,14 @@ from ..engine import KVBoostRAG
 from ..engine.compute import process_compute
 from ..engine.inputs import can_be_neighbour
 from ..engine.result import WarmReport
-from ..neighbours import BUNDLED_EMBEDDER, DEFAULT_NEIGHBOURS, HeldDocuments, embedder_installed, found_by
+from ..neighbours import (
+    BUNDLED_EMBEDDER,
+    DEFAULT_NEIGHBOURS,
+    HeldDocuments,
+    embedder_installed,
+    found_by,
+    groups_among,
+)
 from .errors import APIError
 from .schemas import WarmRequest
 
@@ -53,9 +60,10 @@ class WarmLimits:
 def warm_with_neighbours(
     engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments, default: int | None = None
 ) -> WarmReport:
-    """Each document warmed after its nearest among the request's documents and those this
-    server warmed before, as `kvboost-rag warm` warms a corpus: as many as the request says, else
-    `default` (`serve --neighbours`), else 4 where the bundled embedder is installed (else alone)."""
+    """The documents warmed among their nearest in the request and among those this server warmed
+    before, as `kvboost-rag warm` warms a corpus (groups of mutual neighbours, two passes each): as
+    many as the request says, else `default` (`serve --neighbours`), else 4 where the bundled
+    embedder is installed (else each alone)."""
     count = body.neighbours if body.neighbours is not None else default
     if count is None:
         count = DEFAULT_NEIGHBOURS if embedder_installed() else 0
@@ -66,4 +74,16 @@ def warm_with_neighbours(
     documents = body.documents
     # the embedder and the index on the thread of the model's passes (`engine.compute`)
     nearest = process_compute().run(held.nearest, documents, count, can_be_neighbour) if count else None
-    return engine.warm(documents, pin=body.pin, neighbours=nearest, neighbours_from=found_by(BUNDLED_EMBEDDER, count))
+    if not nearest or not any(nearest):
+        return engine.warm(documents, pin=body.pin)
+    by_text = dict(zip(documents, nearest))
+    groups = groups_among(documents, lambda text: by_text[text])
+    grouped = {text for group in groups for text in group}
+    groups += [[text] for text in dict.fromkeys(documents) if text not in grouped]  # blank: refused, with a reason
+    # every text is checked before any model work, as `warm` checks them: a bad one is a 400, nothing stored
+    report = engine.warm_together(groups, pin=body.pin, neighbours_from=found_by(BUNDLED_EMBEDDER, count))
+    held_members = len(grouped - set(documents))  # documents warmed before, standing in a group as context
+    repeated = len(documents) - len(set(documents))  # a repeated document is found warm, as `warm` finds it
+    report.documents += repeated - held_members
+    report.skipped_documents = max(0, report.skipped_documents - held_members) + repeated
+    return report

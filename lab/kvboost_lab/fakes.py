@@ -18,6 +18,11 @@ class CountingEngine(KVBoostRAG):
         self.warmed.append(text)
         return WarmReport(documents=1, chunks_stored=1)
 
+    def warm_together(self, groups: Any, **kwargs: Any) -> WarmReport:
+        texts = [text for group in groups for text in group]
+        self.warmed += texts
+        return WarmReport(documents=len(texts), chunks_stored=len(texts))
+
 
 def record_engines(monkeypatch: Any) -> list[dict[str, Any]]:
     """`KVBoostRAG.from_pretrained` replaced by a recorder of its keyword arguments (no model

@@ -16,10 +16,10 @@ from kvboost_rag.frameworks.warming import retrieved_together, warm_quietly
 class KVBoostRetrievalWarmer(BaseCallbackHandler):
     """On retriever end, warm each document's page_content (the text the prompt will hold).
 
-    Pass it in the chain's config: `chain.invoke(q, config={"callbacks": [warmer]})`. Each
-    document is warmed after the best-ranked `neighbours` others retrieved with it (default 4; 0:
-    alone), as the prompt will place them around it, so less of it needs repair. Warming never
-    fails the chain: an error becomes a warning.
+    Pass it in the chain's config: `chain.invoke(q, config={"callbacks": [warmer]})`. The
+    documents not yet warm are warmed together with the best-ranked `neighbours` others retrieved
+    with them (default 4; 0: alone; two passes a group), as the prompt will place them around each
+    other, so less of them needs repair. Warming never fails the chain: an error becomes a warning.
     """
 
     run_inline = True  # warm before the prompt is assembled, in the same thread

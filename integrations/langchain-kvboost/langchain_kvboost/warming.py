@@ -27,10 +27,11 @@ def warm_documents(
         vectorstore.add_documents(chunks)
         warm_documents(engine, chunks, vectorstore=vectorstore)
 
-    With a `vectorstore`, each document is encoded after its `neighbours` nearest documents there
-    (default 4; 0: alone), as it will stand among them in prompts (FusionRAG): its reused KV is
-    then closer to full prefill's, so prompts need less repair, at (neighbours + 1)x the warming
-    work. Without one, each is warmed alone. A document that cannot be warmed becomes a warning:
+    With a `vectorstore`, the documents are warmed among their `neighbours` nearest documents there
+    (default 4; 0: alone), as they will stand among them in prompts (FusionRAG): groups of mutual
+    neighbours in two passes each, every document after half its group or more, so its reused KV
+    is closer to full prefill's and prompts need less repair, for ~2x plain warming's work.
+    Without one, each is warmed alone. A document that cannot be warmed becomes a warning:
     warming must never fail ingestion. `show_progress`: a bar while warming, which can take
     minutes (None: from 10 documents).
     """

@@ -24,6 +24,7 @@ from llama_index.llms.kvboost import (
 )
 
 from kvboost_rag import KVBoostRAG
+from kvboost_rag.neighbours import groups_among
 
 Handler = TypeVar("Handler", bound=BaseEventHandler)
 
@@ -85,7 +86,20 @@ class SeeingWarmTransformation(KVBoostWarmTransformation):
         return super().__call__(nodes, **kwargs)
 
 
-def test_ingestion_warms_each_node_after_its_nearest_nodes(
+def record_groups(engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The groups each `engine.warm_together` call is given (nodes warmed among neighbours)."""
+    groups: list[list[str]] = []
+    warm_together = engine.warm_together
+
+    def recording(given: list[list[str]], **kwargs: Any) -> Any:
+        groups.extend(list(group) for group in given)
+        return warm_together(given, **kwargs)
+
+    monkeypatch.setattr(engine, "warm_together", recording)
+    return groups
+
+
+def test_ingestion_warms_nodes_among_their_nearest_nodes(
     engine: KVBoostRAG,
     build_query_engine: Callable[..., Any],
     embed_model: Any,
@@ -93,48 +107,38 @@ def test_ingestion_warms_each_node_after_its_nearest_nodes(
     recorder: KVBoostResultRecorder,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    contexts: dict[str, list[str]] = {}
-    warm = engine.warm
-
-    def recording(text: str, **kwargs: Any) -> Any:
-        contexts[text] = kwargs["neighbours"][0]
-        return warm(text, **kwargs)
-
-    monkeypatch.setattr(engine, "warm", recording)
+    groups = record_groups(engine, monkeypatch)
     keep = SeeingWarmTransformation(engine=engine, neighbours=2)
     query_engine = build_query_engine(KVBoostLLM(engine=engine, max_tokens=8), ingestion=[embed_model, keep])
     assert engine.store.stats().documents == 12
     seen = keep.seen
+    texts = [node_text(n) for n in seen]
     vectors = np.asarray([n.embedding for n in seen])
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    for i, node in enumerate(seen):
-        order = [j for j in np.argsort(-(vectors @ vectors[i])) if j != i][:2]
-        assert contexts[node_text(node)] == [node_text(seen[j]) for j in order[::-1]], "the two nearest, nearest last"
+    nearest = {
+        texts[i]: [texts[j] for j in [j for j in np.argsort(-(vectors @ vectors[i])) if j != i][:2][::-1]]
+        for i in range(len(seen))
+    }
+    assert groups == groups_among(texts, nearest.__getitem__), "groups of the two nearest by the nodes' embeddings"
+    assert any(len(group) > 1 for group in groups)
     response = query_engine.query(nq_questions[3])
     (result,) = recorder.results
     assert result["reused_approximate_tokens"] >= 0.8 * document_tokens(engine, response.source_nodes)
 
 
-def test_by_default_nodes_are_warmed_after_their_four_nearest_and_alone_before_the_embed_model(
+def test_by_default_nodes_are_warmed_among_their_four_nearest_and_alone_before_the_embed_model(
     engine: KVBoostRAG, build_query_engine: Callable[..., Any], embed_model: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    contexts: dict[str, Any] = {}
-    warm = engine.warm
-
-    def recording(text: str, **kwargs: Any) -> Any:
-        contexts[text] = kwargs.get("neighbours", [None])[0]
-        return warm(text, **kwargs)
-
-    monkeypatch.setattr(engine, "warm", recording)
+    groups = record_groups(engine, monkeypatch)
     build_query_engine(
         KVBoostLLM(engine=engine, max_tokens=4), ingestion=[embed_model, KVBoostWarmTransformation(engine=engine)]
     )
-    assert len(contexts) == 12 and all(len(others) == 4 for others in contexts.values())
-    contexts.clear()
+    assert sum(map(len, groups)) == 12 and 1 < max(map(len, groups)) <= 5, "groups of a node and its four nearest"
+    groups.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the default asks nothing it cannot find: no warning
         build_query_engine(KVBoostLLM(engine=engine, max_tokens=4), [KVBoostWarmTransformation(engine=engine)])
-    assert set(map(type, contexts.values())) == {type(None)}, "not embedded yet: each alone"
+    assert groups == [], "not embedded yet: each alone"
 
 
 def test_neighbours_before_the_embed_model_warn_and_warm_alone(
@@ -170,6 +174,7 @@ def test_warming_never_fails_the_pipeline(
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(engine, "warm", broken)
+    monkeypatch.setattr(engine, "warm_together", broken)
     with pytest.warns(UserWarning, match="disk full"):
         query_engine = build_query_engine(
             KVBoostLLM(engine=engine, max_tokens=4), [KVBoostWarmTransformation(engine=engine)]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import pytest
 from langchain_community.vectorstores import FAISS
 from langchain_core.documents import Document
@@ -14,6 +16,8 @@ from langchain_core.runnables import Runnable
 from langchain_kvboost import ChatKVBoost, KVBoostRetrievalWarmer, warm_documents
 
 from kvboost_rag import KVBoostRAG
+from kvboost_rag.neighbours import groups_among
+from kvboost_rag.plan.keys import content_hash
 
 ChainFactory = Callable[[BaseChatModel], Runnable]
 
@@ -22,17 +26,25 @@ def document_tokens(engine: KVBoostRAG, documents: list[Document]) -> int:
     return sum(len(engine.tokenizer(d.page_content, add_special_tokens=False).input_ids) for d in documents)
 
 
-def record_neighbours(engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str] | None]:
-    """What each `engine.warm(text)` call is given as the text's neighbours (None: alone)."""
-    contexts: dict[str, list[str] | None] = {}
-    warm = engine.warm
+def record_groups(engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The groups each `engine.warm_together` call is given (documents warmed among neighbours)."""
+    groups: list[list[str]] = []
+    warm_together = engine.warm_together
 
-    def recording(text: str, **kwargs: object) -> object:
-        contexts[text] = kwargs["neighbours"][0] if kwargs.get("neighbours") else None  # type: ignore[index]
-        return warm(text, **kwargs)  # type: ignore[arg-type]
+    def recording(given: list[list[str]], **kwargs: Any) -> Any:
+        groups.extend(list(group) for group in given)
+        return warm_together(given, **kwargs)
 
-    monkeypatch.setattr(engine, "warm", recording)
-    return contexts
+    monkeypatch.setattr(engine, "warm_together", recording)
+    return groups
+
+
+def context_tokens(engine: KVBoostRAG, text: str) -> int:
+    """The context its first chunk was warmed after (0: alone)."""
+    ids = np.asarray(engine.tokenizer(text, add_special_tokens=False).input_ids, np.int64)
+    entry = engine.store.get_content(content_hash(engine.keys.document, ids[: engine.boundaries(ids)[1]]))
+    assert entry is not None
+    return entry.warmed_after.context_tokens
 
 
 def cache_read(message: AIMessage) -> int:
@@ -64,7 +76,7 @@ def test_ingestion_warming_makes_the_first_query_reuse_its_documents(
     assert cache_read(answer) >= 0.8 * document_tokens(engine, retrieved)
 
 
-def test_ingestion_warms_each_document_after_its_nearest_in_the_vector_store(
+def test_ingestion_warms_documents_among_their_nearest_in_the_vector_store(
     engine: KVBoostRAG,
     build_chain: ChainFactory,
     vectorstore: FAISS,
@@ -72,14 +84,20 @@ def test_ingestion_warms_each_document_after_its_nearest_in_the_vector_store(
     nq_questions: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    contexts = record_neighbours(engine, monkeypatch)
+    groups = record_groups(engine, monkeypatch)
     report = warm_documents(engine, nq_documents, vectorstore=vectorstore, neighbours=2)
-    assert report.encoded_documents == len(nq_documents)
-    for document in nq_documents:
-        nearest = [d.page_content for d in vectorstore.similarity_search(document.page_content, k=3)]
-        assert nearest[0] == document.page_content
-        assert contexts[document.page_content] == nearest[1:][::-1], "the two nearest, the nearest last"
-    assert report.tokens_encoded > 2.5 * document_tokens(engine, nq_documents)
+    assert report.encoded_documents >= len(nq_documents)
+
+    def nearest(text: str) -> list[str]:
+        found = [d.page_content for d in vectorstore.similarity_search(text, k=3)]
+        assert found[0] == text
+        return found[1:][::-1]
+
+    assert groups == groups_among([d.page_content for d in nq_documents], nearest), "groups of mutual neighbours"
+    assert any(len(group) > 1 for group in groups)
+    for group in groups:  # each member after half its group or more: KV that has seen its neighbours
+        assert all((context_tokens(engine, text) > 0) == (len(group) > 1) for text in group)
+    assert report.tokens_encoded <= 2 * document_tokens(engine, nq_documents) + 50 * len(nq_documents)
     retrieved = vectorstore.as_retriever(search_kwargs={"k": 3}).invoke(nq_questions[3])
     answer = build_chain(ChatKVBoost(engine=engine, max_tokens=8)).invoke(nq_questions[3])
     assert cache_read(answer) >= 0.8 * document_tokens(engine, retrieved)
@@ -90,14 +108,13 @@ def test_ingestion_warms_each_document_after_its_nearest_in_the_vector_store(
 def test_by_default_documents_are_warmed_among_their_neighbours_wherever_they_are_known(
     engine: KVBoostRAG, vectorstore: FAISS, nq_documents: list[Document], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    contexts = record_neighbours(engine, monkeypatch)
+    groups = record_groups(engine, monkeypatch)
     warm_documents(engine, nq_documents[:6], vectorstore=vectorstore)
-    for document in nq_documents[:6]:
-        nearest = [d.page_content for d in vectorstore.similarity_search(document.page_content, k=5)]
-        assert contexts[document.page_content] == nearest[1:][::-1], "its four nearest, the nearest last"
-    contexts.clear()
-    warm_documents(engine, nq_documents[:2])
-    assert list(contexts.values()) == [None, None], "no vector store: each alone"
+    assert groups and max(map(len, groups)) <= 5 and any(len(g) > 1 for g in groups), "its four nearest"
+    assert {d.page_content for d in nq_documents[:6]} <= {text for group in groups for text in group}
+    groups.clear()
+    warm_documents(engine, nq_documents[6:8])
+    assert groups == [] and all(context_tokens(engine, d.page_content) == 0 for d in nq_documents[6:8]), "alone"
 
 
 def test_retrieval_warming_works_when_ingestion_did_not(
@@ -107,16 +124,15 @@ def test_retrieval_warming_works_when_ingestion_did_not(
     nq_questions: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    contexts = record_neighbours(engine, monkeypatch)
+    groups = record_groups(engine, monkeypatch)
     warmer = KVBoostRetrievalWarmer(engine)
     chain = build_chain(ChatKVBoost(engine=engine, max_tokens=8))
     answer = chain.invoke(nq_questions[5], config={"callbacks": [warmer]})
     assert warmer.warmed_documents == 3
     retrieved = vectorstore.as_retriever(search_kwargs={"k": 3}).invoke(nq_questions[5])
     texts = [d.page_content for d in retrieved]
-    for text in texts:
-        others = [t for t in texts if t != text]
-        assert contexts[text] == others[::-1], "after the others retrieved with it, the best-ranked last"
+    assert groups == [texts], "the documents retrieved together, warmed as one group"
+    assert all(context_tokens(engine, text) > 0 for text in texts)
     assert cache_read(answer) >= 0.8 * document_tokens(engine, retrieved)
 
 
@@ -131,6 +147,7 @@ def test_warming_never_fails_the_chain(
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(engine, "warm", broken)
+    monkeypatch.setattr(engine, "warm_together", broken)
     with pytest.warns(UserWarning, match="disk full"):
         assert warm_documents(engine, nq_documents[:2]).documents == 0
     chain = build_chain(ChatKVBoost(engine=engine, max_tokens=4))

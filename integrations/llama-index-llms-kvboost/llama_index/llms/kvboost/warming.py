@@ -32,9 +32,10 @@ class KVBoostWarmTransformation(TransformComponent):
                                            embed_model], vector_store=vector_store)
 
     Place it after the splitter, so it warms the nodes that retrieval will return, and after the
-    embed model: each node is then encoded after its `neighbours` (default 4) nearest nodes of the
-    batch by embedding, as it will stand among them in prompts (FusionRAG), so its reused KV is
-    closer to full prefill's and prompts need less repair, at (N + 1)x the warming work. Before
+    embed model: the nodes are then warmed among their `neighbours` (default 4) nearest nodes of the
+    batch by embedding, as they will stand among them in prompts (FusionRAG): groups of mutual
+    neighbours in two passes each, every node after half its group or more, so its reused KV is
+    closer to full prefill's and prompts need less repair, for ~2x plain warming's work. Before
     the embed model nodes are warmed alone (a warning where `neighbours` was asked for); 0: alone.
     A node that cannot be warmed becomes a warning: warming never fails ingestion.
 
@@ -89,8 +90,9 @@ class KVBoostRetrievalWarmer(BaseEventHandler):
         from llama_index.core.instrumentation import get_dispatcher
         get_dispatcher().add_event_handler(KVBoostRetrievalWarmer(engine=engine))
 
-    Each node is warmed after the best-ranked `neighbours` others retrieved with it (default 4;
-    0: alone), as the prompt will place them around it, so less of it needs repair. Nodes already
+    The nodes not yet warm are warmed together with the best-ranked `neighbours` others retrieved
+    with them (default 4; 0: alone; two passes a group), as the prompt will place them around each
+    other, so less of them needs repair. Nodes already
     warm cost a lookup only. Warming never fails the query: errors become warnings.
     """
 
