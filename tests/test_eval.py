@@ -184,11 +184,12 @@ def test_cli_eval_warms_as_the_cli_does_and_can_mix_in_random_passages(tmp_path:
     common = ["eval", "--data", str(path), "--limit", "2", "--k", "2", "--rho-sweep", "", "--max-new-tokens", "2"]
     for extra, stem in [([], "eval_k2_n2"), (["--random-others"], "eval_k2_n2_random")]:
         out = tmp_path / stem
-        variants = "full,default,plain,together"
+        variants = "full,default,plain,nearest"
         result = CliRunner().invoke(app, [*common, "--variants", variants, "--out", str(out), *extra])
         assert result.exit_code == 0, result.output
         report = json.loads((out / f"{stem}.json").read_text())
         assert report["settings"]["warm_neighbours"] == 4, "as kvboost-rag warm warms"
+        assert report["settings"]["warming"] == "groups"
         assert report["settings"]["random_others"] == (extra == ["--random-others"])
         assert set(report["summary"]) == set(variants.split(",")) and "retention" in report["summary"]["plain"]
 
@@ -277,7 +278,7 @@ def test_default_reads_documents_warmed_after_neighbours_and_plain_reads_them_wa
     assert default == plain, "with nothing warmed after neighbours, plain is the default"
 
 
-def test_together_reads_its_own_store_of_documents_warmed_in_their_groups(
+def test_default_reads_documents_warmed_in_groups_and_nearest_its_own_store(
     fresh_engine: KVBoostRAG, passages: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kvboost_rag.eval.data import QAExample
@@ -290,7 +291,9 @@ def test_together_reads_its_own_store_of_documents_warmed_in_their_groups(
     documents = [[p.as_document() for p in example.passages] for example in examples]
     group_of = {d: group for group in documents for d in group}.__getitem__
     neighbours_for = lambda d: [o for o in group_of(d) if o != d]  # noqa: E731
-    chosen = variants(["plain", "together"], Baseline(RepairConfig(max_tokens_per_run=None), ExactnessConfig.off()))
+    chosen = variants(
+        ["plain", "default", "nearest"], Baseline(RepairConfig(max_tokens_per_run=None), ExactnessConfig.off())
+    )
     warmed: list[tuple[KVBoostRAG, list[list[str]]]] = []
     warm_together = KVBoostRAG.warm_together
 
@@ -309,14 +312,16 @@ def test_together_reads_its_own_store_of_documents_warmed_in_their_groups(
         neighbours_for=neighbours_for,
         group_of=group_of,
     )
-    stores = {id(store) for store, _ in warmed}
-    assert len(stores) == 1 and id(engine) not in stores, "a store of its own, not the corpus's"
+    assert {id(store) for store, _ in warmed} == {id(engine)}, "the corpus store, warmed in groups"
     assert [documents[0]] in [groups for _, groups in warmed] and [documents[1]] in [g for _, g in warmed]
-    together = [r.repair_share for r in report.records["together"]]
-    plain = [r.repair_share for r in report.records["plain"]]
-    assert all(0 < t < p for t, p in zip(together, plain)), "less repair of chunks warmed with their group"
+    for name in ("default", "nearest"):
+        shares = [r.repair_share for r in report.records[name]]
+        plain = [r.repair_share for r in report.records["plain"]]
+        assert all(0 < s < p for s, p in zip(shares, plain)), f"{name}: less repair of chunks warmed with neighbours"
+    engine = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, fresh_engine.config, name=fresh_engine.name)
     report = run_eval(engine, examples, documents.__getitem__, chosen, max_new_tokens=2)  # no neighbours
-    assert [r.repair_share for r in report.records["together"]] == [r.repair_share for r in report.records["plain"]]
+    shares = {name: [r.repair_share for r in records] for name, records in report.records.items() if name != "full"}
+    assert shares["default"] == shares["nearest"] == shares["plain"], "nothing to warm after: every variant alone"
 
 
 def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:

@@ -27,7 +27,8 @@ def _floats(text: str) -> list[float]:
 
 
 def _groups(sample: list[str], neighbours_for: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
-    """Each sample document's group of mutual neighbours, as `kvboost-rag warm` groups a corpus."""
+    """Each sample document's group of mutual neighbours, as `kvboost-rag warm` groups a corpus
+    (`groups_among` over the documents the questions retrieve)."""
     from ..neighbours import groups_among
 
     group = {member: members for members in groups_among(sample, neighbours_for) for member in members}
@@ -71,8 +72,8 @@ def eval_command(
     warm_neighbours: Annotated[
         int | None,
         typer.Option(
-            help="warm each document after its N nearest corpus documents (FusionRAG), as `kvboost-rag warm` "
-            f"does; 0: alone [default: {DEFAULT_NEIGHBOURS}; 0 with --use-ctxs]",
+            help="warm documents among their N nearest corpus documents (FusionRAG; in groups of mutual "
+            f"neighbours), as `kvboost-rag warm` does; 0: alone [default: {DEFAULT_NEIGHBOURS}; 0 with --use-ctxs]",
             min=0,
         ),
     ] = None,
@@ -197,11 +198,7 @@ def eval_command(
         nearest = index.neighbours(warm_neighbours, parts=warm_in_parts, seed=seed)
         neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
     group_of = None
-    if any(v.warming == "together" for v in chosen_variants):
-        if neighbours_for is None:
-            raise typer.BadParameter(
-                "the together variant warms neighbours: it needs retrieval and --warm-neighbours > 0"
-            )
+    if neighbours_for is not None:  # as `kvboost-rag warm` warms by default
         group_of = _groups(list(dict.fromkeys(d for i in range(len(chosen)) for d in passages_for(i))), neighbours_for)
     template_text = TEMPLATE
     if template:
@@ -216,6 +213,7 @@ def eval_command(
         random_others=random_others,
         passages_per_document=1 if use_ctxs else doc_passages,
         warm_neighbours=warm_neighbours,
+        warming="groups" if group_of else "alone",
         warm_in_parts=warm_in_parts,
         seed=seed,
         model=engine.name,

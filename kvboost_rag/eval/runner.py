@@ -141,11 +141,12 @@ def run_eval(
     group_of: Callable[[str], list[str]] | None = None,
 ) -> EvalReport:
     """Answer every example with every variant; `passages_for(i)` gives example i's documents,
-    warmed after `neighbours_for(document)` where given. Variants that read documents warmed
-    otherwise read a store of their own: each document alone, or its group of mutual neighbours
-    `group_of(document)` warmed together (`warm_together`) when a question first needs it, so
-    the store never holds more groups than its budget. `stage` hears what runs now ("warming",
-    "answering: <variant>"), for a progress bar to show."""
+    warmed as `kvboost-rag warm` warms them: each with its group of mutual neighbours
+    `group_of(document)` (`warm_together`) when a question first needs it, so the store never holds
+    more groups than its budget; each after `neighbours_for(document)` where no groups are given;
+    else alone. Variants that read documents warmed otherwise read a store of their own: each
+    alone, or each after its own nearest. `stage` hears what runs now ("warming", "answering:
+    <variant>"), for a progress bar to show."""
     if not variants or variants[0].mode != "full":
         raise ValueError("the first variant must be full prefill: every other is measured against it")
     report = EvalReport(settings=dict(settings or {}))
@@ -154,22 +155,24 @@ def run_eval(
     warmings = {v.warming for v in every} - {"corpus"}
     if neighbours_for is None:
         warmings = set()  # the corpus is warmed alone already: one store serves every variant
-    elif group_of is None and "together" in warmings:
-        warmings = warmings - {"together"} | {"alone"}  # no groups: groups of one, each document alone
+    elif group_of is None:
+        warmings.discard("nearest")  # the corpus is warmed each after its nearest already
     stores = {
         w: KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store=MEMORY_ONLY), name=engine.name)
         for w in sorted(warmings)
     }
-    alone = stores.get("alone", engine)
-    reader = {"corpus": engine, "alone": alone, "together": stores.get("together", alone)}
+    reader = {"corpus": engine, "alone": stores.get("alone", engine), "nearest": stores.get("nearest", engine)}
 
     def warm(warming: str, documents: list[str]) -> None:
-        if warming == "corpus":
-            engine.warm(documents, neighbours=[neighbours_for(d) for d in documents] if neighbours_for else None)
+        after = [neighbours_for(d) for d in documents] if neighbours_for else None
+        if warming == "corpus" and group_of is not None:  # each group once, members already warm are skipped
+            engine.warm_together([list(g) for g in dict.fromkeys(tuple(group_of(d)) for d in documents)])
+        elif warming == "corpus":
+            engine.warm(documents, neighbours=after)
         elif warming == "alone":
             stores["alone"].warm(documents)
-        elif group_of is not None:  # together: each group once, members already warm are skipped
-            stores["together"].warm_together([list(g) for g in dict.fromkeys(tuple(group_of(d)) for d in documents)])
+        else:
+            stores["nearest"].warm(documents, neighbours=after)
 
     reusing = any(v.mode != "full" for v in every)  # else nothing reads warm KV
     if examples and reusing:

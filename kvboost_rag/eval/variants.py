@@ -3,8 +3,9 @@
 Every prefill variant runs one technique alone (nothing recomputed after the prefill), so its
 row shows what that technique buys; `verify`, `refresh` and `exact` add a step after
 CacheBlend's prefill; `default` is the engine as its settings stand, on documents warmed as
-`kvboost-rag warm` warms them (after their neighbours), `plain` the same on documents warmed
-alone and `together` on documents warmed in groups of mutual neighbours (`warm_together`).
+`kvboost-rag warm` warms them (in groups of mutual neighbours), `plain` the same on documents
+warmed alone and `nearest` on documents warmed each after its own nearest (FusionRAG's way, (N + 1)x
+the warming work).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from ..config import ExactnessConfig, Mode, RepairConfig
 
 OFF = ExactnessConfig.off()
 
-# How the documents a variant reads were warmed: as the eval's corpus is (after each one's
-# nearest), each alone, or in groups of mutual neighbours; each other than "corpus" is a store of its own.
-Warming = Literal["corpus", "alone", "together"]
+# How the documents a variant reads were warmed: as the eval's corpus is (as `kvboost-rag warm`
+# warms: in groups of mutual neighbours), each alone, or each after its own nearest; each other
+# than "corpus" is a store of its own.
+Warming = Literal["corpus", "alone", "nearest"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,16 +79,16 @@ VARIANTS: dict[str, Builder] = {
         lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
     ),
     "default": Builder(
-        "the engine as configured, documents warmed after neighbours",
+        "the engine as configured, documents warmed as kvboost-rag warm does (groups of neighbours)",
         lambda b: Variant("default", "reuse", b.repair, b.exactness),
     ),
     "plain": Builder(
         "the engine as configured, documents warmed alone",
         lambda b: Variant("plain", "reuse", b.repair, b.exactness, warming="alone"),
     ),
-    "together": Builder(
-        "the engine as configured, documents warmed in groups of mutual neighbours",
-        lambda b: Variant("together", "reuse", b.repair, b.exactness, warming="together"),
+    "nearest": Builder(
+        "the engine as configured, documents warmed each after its own nearest",
+        lambda b: Variant("nearest", "reuse", b.repair, b.exactness, warming="nearest"),
     ),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)
