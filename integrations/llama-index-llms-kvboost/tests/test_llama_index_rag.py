@@ -119,8 +119,8 @@ def test_ingestion_warms_nodes_among_their_nearest_nodes(
         texts[i]: [texts[j] for j in [j for j in np.argsort(-(vectors @ vectors[i])) if j != i][:2][::-1]]
         for i in range(len(seen))
     }
-    assert groups == groups_among(texts, nearest.__getitem__), "groups of the two nearest by the nodes' embeddings"
-    assert any(len(group) > 1 for group in groups)
+    expected = [g for g in groups_among(texts, nearest.__getitem__) if len(g) > 1]  # one alone: `warm`
+    assert groups == expected != [], "groups of the two nearest by the nodes' embeddings"
     response = query_engine.query(nq_questions[3])
     (result,) = recorder.results
     assert result["reused_approximate_tokens"] >= 0.8 * document_tokens(engine, response.source_nodes)
@@ -133,7 +133,7 @@ def test_by_default_nodes_are_warmed_among_their_four_nearest_and_alone_before_t
     build_query_engine(
         KVBoostLLM(engine=engine, max_tokens=4), ingestion=[embed_model, KVBoostWarmTransformation(engine=engine)]
     )
-    assert sum(map(len, groups)) == 12 and 1 < max(map(len, groups)) <= 5, "groups of a node and its four nearest"
+    assert 6 <= sum(map(len, groups)) <= 12 and 1 < max(map(len, groups)) <= 5, "a node and its four nearest"
     groups.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the default asks nothing it cannot find: no warning

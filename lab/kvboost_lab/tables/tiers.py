@@ -119,15 +119,11 @@ def warming(data: dict[str, Any]) -> str:
         ("encoded tokens/s", get("encoded_tokens_per_s"), "{:,.0f}"),
     ]
     notes = (
-        f"{data['documents']} NQ passages ({data['document_tokens']:,} tokens), {data['dtype']}; neighbour-aware "
-        f"warming took {data['aware_x_plain_time']:.2f}x plain warming's time, "
-        f"{data['aware_with_finding_x_plain_time']:.2f}x with finding the neighbours "
-        f"({data['finding_neighbours_s']:.1f} s)"
-        + (
-            f"; warming {data['groups']} groups together ({data['groups_of_one']} of one) took "
-            f"{data['together_x_plain_time']:.2f}x."
-            if "groups" in data
-            else "."
-        )
+        f"{data['documents']} NQ passages ({data['document_tokens']:,} tokens), {data['dtype']}; warming in "
+        f"{data['groups']} groups of mutual neighbours ({data['groups_of_one']} of one; the default) took "
+        f"{data['together_x_plain_time']:.2f}x plain warming's time, "
+        f"{data.get('together_with_finding_x_plain_time', data['together_x_plain_time']):.2f}x with finding the "
+        f"neighbours ({data['finding_neighbours_s']:.1f} s); each document after its own nearest took "
+        f"{data['aware_x_plain_time']:.2f}x."
     )
     return notes + "\n\n" + columns_table(columns, [{"name": name, **row} for name, row in data["rows"].items()])
