@@ -1,4 +1,4 @@
-"""`POST /kvboost/warm`: documents warmed after their nearest, within a size a request may ask for.
+"""`POST /kvboost/warm`: documents warmed among their nearest, within a size a request may ask for.
 
 Warming is model work like a generation: it takes a place in admission (`/health` counts it, a
 full queue is a 429), and it stops between documents once its client left or the server stops.
@@ -61,7 +61,7 @@ def warm_with_neighbours(
     engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments, default: int | None = None
 ) -> WarmReport:
     """The documents warmed among their nearest in the request and among those this server warmed
-    before, as `kvboost-rag warm` warms a corpus (groups of mutual neighbours, two passes each): as
+    before, as `kvboost-rag warm` warms a corpus (in groups of mutual neighbours): as
     many as the request says, else `default` (`serve --neighbours`), else 4 where the bundled
     embedder is installed (else each alone)."""
     count = body.neighbours if body.neighbours is not None else default
@@ -81,7 +81,9 @@ def warm_with_neighbours(
     grouped = {text for group in groups for text in group}
     groups += [[text] for text in dict.fromkeys(documents) if text not in grouped]  # blank: refused, with a reason
     # every text is checked before any model work, as `warm` checks them: a bad one is a 400, nothing stored
-    report = engine.warm_together(groups, pin=body.pin, neighbours_from=found_by(BUNDLED_EMBEDDER, count))
+    report = engine.warm_together(groups, neighbours_from=found_by(BUNDLED_EMBEDDER, count))
+    if body.pin:  # the request's documents, now warm (a lookup each), not the neighbours they were warmed among
+        engine.warm(documents, pin=True)
     held_members = len(grouped - set(documents))  # documents warmed before, standing in a group as context
     repeated = len(documents) - len(set(documents))  # a repeated document is found warm, as `warm` finds it
     report.documents += repeated - held_members
