@@ -12,7 +12,7 @@ from kvboost_rag.config import RepairConfig
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.hf.cache import forward_last_logits, make_cache, stacked_kv
 from kvboost_rag.plan.keys import content_hash
-from kvboost_rag.store.entry import ALONE, ChunkEntry, WarmedAfter
+from kvboost_rag.store.entry import ALONE, WarmedAfter
 
 
 def in_memory(engine: KVBoostRAG) -> KVBoostRAG:
@@ -168,44 +168,22 @@ def test_a_group_warmed_together_gives_each_member_the_kv_after_half_its_group_o
     report = fresh_engine.warm_together([group, passages[29:30]])
     assert (report.documents, report.skipped_documents) == (4, 0)
     separator = tokens_of(fresh_engine, "\n\n")
-    pieces = [np.concatenate([tokens_of(fresh_engine, d), separator]) for d in group]
-
-    def entry_of(document: str) -> ChunkEntry:
-        tokens = tokens_of(fresh_engine, document)
-        entry = fresh_engine.store.get_content(
-            content_hash(fresh_engine.keys.document, tokens[: fresh_engine.boundaries(tokens)[1]])
-        )
-        assert entry is not None
-        return entry
-
-    # the later half in one pass over the group in order, after the members before it
-    for member in (1, 2):
-        context = np.concatenate(pieces[:member])
-        keys, _ = kv_after(fresh_engine, context, pieces[member])
-        entry = entry_of(group[member])
-        assert entry.warmed_after.context_tokens == entry.base_position == len(context)
-        first_chunk = entry.keys.shape[2]
+    # each member after the others in the pass where more of them stand before it
+    for member, before in ((group[0], [group[2], group[1]]), (group[1], [group[0]]), (group[2], group[:2])):
+        context = np.concatenate([np.concatenate([tokens_of(fresh_engine, n), separator]) for n in before])
+        tokens = tokens_of(fresh_engine, member)
+        keys, _ = kv_after(fresh_engine, context, tokens)
+        first_chunk = fresh_engine.boundaries(tokens)[1]
+        entry = fresh_engine.store.get_content(content_hash(fresh_engine.keys.document, tokens[:first_chunk]))
+        assert entry is not None and entry.warmed_after.context_tokens == entry.base_position == len(context)
         assert torch.allclose(entry.keys, keys[:, :, len(context) : len(context) + first_chunk], atol=1e-4)
-    # the earlier half after that pass's KV of the later half and of its first token (the sink)
-    keys, values = kv_after(fresh_engine, np.zeros(0, np.int64), np.concatenate(pieces))
-    later, end = len(pieces[0]), sum(map(len, pieces))
-    kept = torch.tensor([0, *range(later, end)])
-    cache = make_cache(keys.index_select(2, kept), values.index_select(2, kept))
-    forward_last_logits(fresh_engine.model, torch.from_numpy(pieces[0]), torch.arange(end, end + len(pieces[0])), cache)
-    entry = entry_of(group[0])
-    first_chunk = entry.keys.shape[2]
-    expected = stacked_kv(cache)[0][:, :, len(kept) : len(kept) + first_chunk]
-    assert (entry.base_position, entry.warmed_after.context_tokens) == (end, end - later)
-    assert len(entry.warmed_after.neighbours) == 2 and torch.allclose(entry.keys, expected, atol=1e-4)
     alone = tokens_of(fresh_engine, passages[29])
     entry = fresh_engine.store.get_content(
         content_hash(fresh_engine.keys.document, alone[: fresh_engine.boundaries(alone)[1]])
     )
     assert entry is not None and entry.warmed_after == ALONE, "a group of one is warmed alone"
     plain = sum(len(tokens_of(fresh_engine, d)) for d in passages[26:30])
-    alone_tokens = len(tokens_of(fresh_engine, passages[29]))
-    assert report.tokens_encoded == sum(map(len, pieces)) + len(pieces[0]) + alone_tokens, "1.5 passes, not (N + 1)"
-    assert report.tokens_encoded < 1.7 * (plain + 3 * len(separator))
+    assert report.tokens_encoded <= 2 * plain + 6 * len(separator), "two passes, not (N + 1)"
     again = fresh_engine.warm_together([group])
     assert again.skipped_documents == 3 and again.tokens_encoded == 0
     # a corpus that grew: the new member's KV is what warming the group at once gives it (only its pass runs)

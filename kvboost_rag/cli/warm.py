@@ -96,8 +96,8 @@ def warm(
     together: Annotated[
         bool,
         typer.Option(
-            help="groups of mutual neighbours, every document after half its group or more (~1.6x plain "
-            "warming's time); --no-together: each document after its own N nearest ((N+1)x)",
+            help="groups of mutual neighbours in two passes, every document after half its group or more (~2x "
+            "plain warming's time); --no-together: each document after its own N nearest ((N+1)x)",
         ),
     ] = True,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,

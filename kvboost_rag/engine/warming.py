@@ -78,10 +78,12 @@ class Warmer:
         return report
 
     def warm_together(self, groups: list[list[str]], *, pin: bool = False, neighbours_from: str = "") -> WarmReport:
-        """Each group of documents that are each other's neighbours, encoded so that every member
-        is warmed after half its group or more (`_encode_group`: ~1.5x plain warming's work
-        instead of (N + 1)x). A member's KV depends on its group alone, whatever else is warm:
-        members already warm are not stored again but still stand in the passes, so workers
+        """Each group of documents that are each other's neighbours, encoded in two passes: in
+        its order, then reversed, a blank line between documents. Each member keeps its KV from
+        the pass where more of the group stands before it, so it is warmed after half its group
+        or more, for ~2x plain warming's work instead of (N + 1)x. A member's KV depends on its
+        group alone, whatever else is warm: members already warm are not stored again but still
+        stand in the passes that store others (a pass that stores none is not run), so workers
         warming one corpus at once, or a corpus warmed as it grows, store what one run would. A
         group passing the window loses its last members, which are warmed alone."""
         started = time.perf_counter()
@@ -106,16 +108,30 @@ class Warmer:
             if len(members) == 1 and cold[0]:
                 report.chunks_stored += self.compute.run(self._encode_alone, *members[0][::-1])
                 report.tokens_encoded += len(members[0][0])
-            elif len(members) > 1 and any(cold):
-                stored, encoded = self.compute.run(self._encode_group, members, cold, neighbours_from)
-                report.chunks_stored += stored
-                report.tokens_encoded += encoded
+            elif len(members) > 1:
+                for order, keep in self._passes(len(members)):
+                    stored = [position for position in keep if cold[order[position]]]
+                    if stored:
+                        passed = [members[j] for j in order]
+                        report.chunks_stored += self.compute.run(self._encode_in_turn, passed, stored, neighbours_from)
+                        report.tokens_encoded += sum(len(tokens) + len(self.separator) for tokens, _ in passed)
             if pin:
                 for key in keys:
                     self.store.pin_document(key)
         report.store_errors = self.store.tier_errors - errors_before
         report.seconds = time.perf_counter() - started
         return report
+
+    @staticmethod
+    def _passes(size: int) -> list[tuple[list[int], list[int]]]:
+        """A group's two passes: its members' order, and the positions in that order whose KV the
+        pass gives (those with half the group or more before them)."""
+        middle = (size - 1) / 2
+        forward = list(range(size))
+        return [
+            (forward, [j for j in forward if j >= middle]),
+            (forward[::-1], [i for i in forward if size - 1 - i < middle]),
+        ]
 
     def is_warm(self, doc_key: bytes, tokens: np.ndarray, report: WarmReport) -> bool:
         """Whether the document is stored in memory and every tier; one a tier lost is copied there
@@ -129,67 +145,23 @@ class Warmer:
         with self.store.serving():
             return self.encode_document(doc_key, tokens)
 
-    def _encode_group(
-        self, members: list[tuple[np.ndarray, bytes]], cold: list[bool], neighbours_from: str
-    ) -> tuple[int, int]:
-        """A group's passes; (chunks stored, tokens encoded). The first runs the members in order,
-        a blank line after each, and gives the later half (those with half the group or more
-        before them) their KV. The second runs only the earlier half, nearest the middle first,
-        after the first pass's KV of the later half (and of its first token, the attention sink,
-        with the warm prefix): each is warmed after half its group or more, for ~1.5x plain
-        warming's work. Only cold members are stored; a second pass that would store none is not run."""
-        size = len(members)
-        later = [j for j in range(size) if j >= (size - 1) / 2]
-        earlier = [j for j in range(size) if j < (size - 1) / 2][::-1]
+    def _encode_in_turn(self, members: list[tuple[np.ndarray, bytes]], keep: list[int], neighbours_from: str) -> int:
+        """One pass over `members` (tokens, key) in order, a blank line after each; the members at
+        positions `keep` of this order are stored, after the ones before them."""
         pieces = [np.concatenate([tokens, self.separator]) for tokens, _ in members]
         keys, values, start = self.forward_after_prefix(np.concatenate(pieces))
-        offsets = [start + int(o) for o in np.cumsum([0, *map(len, pieces)])]
         firsts = [self.first_chunk(tokens) for tokens, _ in members]
-        stored = 0
-        for j in later:
-            if cold[j]:
-                after = WarmedAfter(offsets[j] - start, tuple(firsts[:j]), neighbours_from)
-                stored += self._store(members[j], (keys, values), offsets[j], offsets[j], after)
-        encoded = offsets[-1] - start
-        if not any(cold[j] for j in earlier):
-            return stored, encoded
-        kept = torch.tensor([*range(start + 1), *range(offsets[later[0]], offsets[-1])], device=keys.device)
-        cache = make_cache(keys.index_select(2, kept), values.index_select(2, kept))
-        ids = np.concatenate([pieces[j] for j in earlier])
-        position = offsets[-1]  # past the first pass: the later half stands before at its own positions
-        self.compute.run(
-            forward_last_logits,
-            self.model,
-            torch.from_numpy(ids).to(self.device),
-            torch.arange(position, position + len(ids), device=self.device),
-            cache,
-        )
-        kv = stacked_kv(cache)
-        index, before = len(kept), [firsts[j] for j in later]
-        for j in earlier:
-            if cold[j]:
-                after = WarmedAfter(position - offsets[later[0]], tuple(before), neighbours_from)
-                stored += self._store(members[j], kv, index, position, after)
-            index, position = index + len(pieces[j]), position + len(pieces[j])
-            before.append(firsts[j])
-        return stored, encoded + len(ids)
-
-    def _store(
-        self,
-        member: tuple[np.ndarray, bytes],
-        kv: tuple[torch.Tensor, torch.Tensor],
-        index: int,
-        position: int,
-        after: WarmedAfter,
-    ) -> int:
-        """Store a member's KV, found at `index` of `kv`'s tokens and computed at `position`."""
-        tokens, doc_key = member
-        cuts = self.boundaries(tokens)
-        keys, values = kv
-        window = keys[:, :, index : index + len(tokens)], values[:, :, index : index + len(tokens)]
-        contents = self.writer.contents(tokens, cuts)
-        with self.store.serving():
-            return self.writer.write(doc_key, tokens, cuts, contents, window, position, None, warmed_after=after)
+        stored, offset = 0, start
+        for position, (tokens, doc_key) in enumerate(members):
+            if position in keep:
+                cuts = self.boundaries(tokens)
+                kv = keys[:, :, offset : offset + len(tokens)], values[:, :, offset : offset + len(tokens)]
+                contents = self.writer.contents(tokens, cuts)
+                after = WarmedAfter(offset - start, tuple(firsts[:position]), neighbours_from) if position else ALONE
+                with self.store.serving():
+                    stored += self.writer.write(doc_key, tokens, cuts, contents, kv, offset, None, warmed_after=after)
+            offset += len(pieces[position])
+        return stored
 
     def document_tokens(self, index: int, text: Any) -> np.ndarray:
         """The document's tokens, or an error naming it (`documents[index]`) before any model work."""

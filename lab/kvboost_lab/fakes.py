@@ -37,3 +37,17 @@ def record_engines(monkeypatch: Any) -> list[dict[str, Any]]:
     for option in ENVIRONMENT_OPTIONS:
         monkeypatch.delenv(env_var(option.name), raising=False)
     return calls
+
+
+def record_groups(engine: KVBoostRAG, monkeypatch: Any) -> list[list[str]]:
+    """The groups each `engine.warm_together` call is given (documents warmed among neighbours),
+    recorded while the engine warms them as before."""
+    groups: list[list[str]] = []
+    warm_together = engine.warm_together
+
+    def recording(given: Any, **kwargs: Any) -> WarmReport:
+        groups.extend(list(group) for group in given)
+        return warm_together(given, **kwargs)
+
+    monkeypatch.setattr(engine, "warm_together", recording)
+    return groups

@@ -23,6 +23,7 @@ from llama_index.llms.kvboost import (
     node_text,
 )
 
+from kvboost_lab.fakes import record_groups
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.neighbours import groups_among
 
@@ -84,19 +85,6 @@ class SeeingWarmTransformation(KVBoostWarmTransformation):
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
         self.seen.extend(nodes)
         return super().__call__(nodes, **kwargs)
-
-
-def record_groups(engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The groups each `engine.warm_together` call is given (nodes warmed among neighbours)."""
-    groups: list[list[str]] = []
-    warm_together = engine.warm_together
-
-    def recording(given: list[list[str]], **kwargs: Any) -> Any:
-        groups.extend(list(group) for group in given)
-        return warm_together(given, **kwargs)
-
-    monkeypatch.setattr(engine, "warm_together", recording)
-    return groups
 
 
 def test_ingestion_warms_nodes_among_their_nearest_nodes(

@@ -29,12 +29,12 @@ HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->
 # until issue 31 and the `plain` variant now, beside each after its 4 nearest with rho 0.05), then
 # long documents.
 HEADLINE_FILES = (
-    "issue31e/eval_k5_n500.json",
+    "issue31d/eval_k5_n500.json",
     "frontier/eval_k10_n500.json",
     "frontier/eval_k10_n500_nb4_rho005.json",
     "frontier/eval_k10_n5_docs4.json",
 )
-HEADLINE_VARIANTS = ("full", "default", "nearest", "plain")
+HEADLINE_VARIANTS = ("full", "together", "default", "nearest", "plain")
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
@@ -97,7 +97,7 @@ def _prompts(data: dict[str, Any]) -> str:
     joined = settings.get("passages_per_document", 1)
     documents = f"k={settings['k']}" + (f" x {joined} passages" if joined > 1 else "")
     neighbours = settings.get("warm_neighbours", 0)
-    if neighbours and settings.get("warming") == "groups":
+    if neighbours and (settings.get("warming") == "groups" or "together" in data["summary"]):
         documents += f", warmed in groups of {neighbours} nearest"
     elif neighbours:
         documents += f", warmed after {neighbours} neighbours"
@@ -111,8 +111,16 @@ def _prompts(data: dict[str, Any]) -> str:
 
 
 def _variant_now(data: dict[str, Any], variant: str) -> str:
-    """A recorded variant by today's name: a `default` of documents warmed alone is `plain` now."""
-    return "plain" if variant == "default" and _warmed_alone(data) else variant
+    """A recorded variant by today's name: a `default` of documents warmed alone is `plain` now, one
+    of documents each warmed after its own nearest (before groups became the default) `nearest`,
+    and `together` (groups, then a variant) today's `default`."""
+    if variant == "default" and _warmed_alone(data):
+        return "plain"
+    if variant == "together":
+        return "default"
+    if variant == "default" and data["settings"].get("warm_neighbours") and data["settings"].get("warming") != "groups":
+        return "nearest"
+    return variant
 
 
 def _warmed_alone(data: dict[str, Any]) -> bool:

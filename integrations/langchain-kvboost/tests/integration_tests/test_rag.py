@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import Runnable
 from langchain_kvboost import ChatKVBoost, KVBoostRetrievalWarmer, warm_documents
 
+from kvboost_lab.fakes import record_groups
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.neighbours import groups_among
 from kvboost_rag.plan.keys import content_hash
@@ -24,19 +24,6 @@ ChainFactory = Callable[[BaseChatModel], Runnable]
 
 def document_tokens(engine: KVBoostRAG, documents: list[Document]) -> int:
     return sum(len(engine.tokenizer(d.page_content, add_special_tokens=False).input_ids) for d in documents)
-
-
-def record_groups(engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The groups each `engine.warm_together` call is given (documents warmed among neighbours)."""
-    groups: list[list[str]] = []
-    warm_together = engine.warm_together
-
-    def recording(given: list[list[str]], **kwargs: Any) -> Any:
-        groups.extend(list(group) for group in given)
-        return warm_together(given, **kwargs)
-
-    monkeypatch.setattr(engine, "warm_together", recording)
-    return groups
 
 
 def context_tokens(engine: KVBoostRAG, text: str) -> int:
