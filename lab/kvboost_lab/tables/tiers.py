@@ -126,4 +126,10 @@ def warming(data: dict[str, Any]) -> str:
         f"neighbours ({data['finding_neighbours_s']:.1f} s); each document after its own nearest took "
         f"{data['aware_x_plain_time']:.2f}x."
     )
+    if data.get("repeats", 1) > 1:
+        turns = ", ".join(f"{r:.2f}x" for r in data["together_x_plain_time_by_turn"])
+        notes += (
+            f" Times are medians of {data['repeats']} runs, plain and grouped taking turns (each turn's ratio: "
+            f"{turns}; the tokens encoded: {data['together_x_plain_tokens']:.2f}x plain's); the slowest way ran once."
+        )
     return notes + "\n\n" + columns_table(columns, [{"name": name, **row} for name, row in data["rows"].items()])
