@@ -157,7 +157,7 @@ class Warmer:
                 cuts = self.boundaries(tokens)
                 kv = keys[:, :, offset : offset + len(tokens)], values[:, :, offset : offset + len(tokens)]
                 contents = self.writer.contents(tokens, cuts)
-                after = WarmedAfter(offset - start, tuple(firsts[:position]), neighbours_from) if position else ALONE
+                after = WarmedAfter(offset - start, tuple(firsts[:position]), neighbours_from)  # never the pass's first
                 with self.store.serving():
                     stored += self.writer.write(doc_key, tokens, cuts, contents, kv, offset, None, warmed_after=after)
             offset += len(pieces[position])
