@@ -194,6 +194,54 @@ def test_cli_eval_warms_as_the_cli_does_and_can_mix_in_random_passages(tmp_path:
         assert set(report["summary"]) == set(variants.split(",")) and "retention" in report["summary"]["plain"]
 
 
+OTHER_CORPUS = [
+    {"question": "", "answers": [], "ctxs": [{"title": "Python reference: assert", "text": text}]}
+    for text in (
+        "Assert statements are a convenient way to insert debugging assertions into a program.",
+        "The pass statement is a null operation; when it is executed, nothing happens.",
+    )
+]
+
+
+def test_cli_eval_mixes_documents_from_a_second_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvboost_rag.eval.retrieval as retrieval
+
+    prompts: list[list[str]] = []
+    mix = retrieval.two_corpora_documents
+    monkeypatch.setattr(retrieval, "two_corpora_documents", lambda *a, **kw: prompts.extend(mix(*a, **kw)) or prompts)
+    path, other = tmp_path / "qa.json", tmp_path / "python.json"
+    path.write_text(json.dumps(RECORDS))
+    other.write_text(json.dumps(OTHER_CORPUS))
+    out = tmp_path / "out"
+    arguments = ["eval", "--data", str(path), "--limit", "2", "--k", "2", "--rho-sweep", "", "--max-new-tokens", "2"]
+    arguments += ["--variants", "full,default,plain", "--others-from", str(other), "--out", str(out)]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "eval_k2_n2_two_corpora.json").read_text())
+    assert report["settings"]["others_from"] == "python.json" and report["settings"]["warming"] == "groups"
+    assert set(report["summary"]) == {"full", "default", "plain"}
+    assert len(prompts) == 2 and all(len(p) == 2 for p in prompts)
+    assert all(p[0] in {c["title"] + "\n" + c["text"] for r in RECORDS for c in r["ctxs"]} for p in prompts)
+    assert all(p[1].startswith("Python reference: assert\n") for p in prompts), "the second from the other corpus"
+
+
+def test_cli_eval_refuses_a_second_corpus_with_given_or_random_documents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvboost_rag.options
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("no engine for a refused combination")
+
+    monkeypatch.setattr(kvboost_rag.options, "build_engine", never)
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(RECORDS))
+    for extra in ("--use-ctxs", "--random-others"):
+        result = CliRunner().invoke(app, ["eval", "--data", str(path), "--others-from", str(path), extra])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "--others-from" in result.output and extra in result.output
+
+
 def test_cli_eval_refuses_unknown_variants(tmp_path: Path) -> None:
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
@@ -322,6 +370,13 @@ def test_default_reads_documents_warmed_in_groups_and_nearest_its_own_store(
     report = run_eval(engine, examples, documents.__getitem__, chosen, max_new_tokens=2)  # no neighbours
     shares = {name: [r.repair_share for r in records] for name, records in report.records.items() if name != "full"}
     assert shares["default"] == shares["nearest"] == shares["plain"], "nothing to warm after: every variant alone"
+
+
+def test_sinks_is_the_default_with_each_moved_runs_first_tokens_recomputed() -> None:
+    baseline = Baseline(RepairConfig(rho=0.2, check_layer=3), ExactnessConfig(verify_margin=0.1))
+    default, sinks = variants(["default", "sinks"], baseline)[1:]
+    assert sinks.repair == RepairConfig(rho=0.2, check_layer=3, blend_boundary_tokens=4) != default.repair
+    assert (sinks.mode, sinks.exactness, sinks.warming) == (default.mode, default.exactness, default.warming)
 
 
 def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:

@@ -91,6 +91,16 @@ def eval_command(
             help="keep each question's best passage and fill the prompt with random corpus ones (not neighbours)"
         ),
     ] = False,
+    others_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="fill half of each prompt with the question's nearest passages of a second corpus (a QA file's "
+            "ctxs, e.g. datasets/python_reference), warmed among that corpus: documents from two corpora",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ] = None,
     use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
     seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
     variants: Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")] = ",".join(
@@ -148,6 +158,8 @@ def eval_command(
     if not examples:
         raise typer.BadParameter(f"{path} holds no examples", param_hint="--data")
     chosen = random.Random(seed).sample(examples, min(limit, len(examples)))
+    if others_from is not None and (use_ctxs or random_others):
+        raise typer.BadParameter("--others-from retrieves from two corpora: not with --use-ctxs or --random-others")
     _say(f"loading the model ({options.get('model') or 'the default'})")
     engine = build_engine({**options, "store": store_location(options.get("store"))})
     repair_changes: dict[str, Any] = dict(
@@ -172,16 +184,23 @@ def eval_command(
         raise typer.BadParameter(str(error)) from error
     sweep = rho_variants(baseline, _floats(rho_sweep)) if rho_sweep else []
 
+    other_index = None
     if use_ctxs:
         passages_for = lambda i: [p.as_document() for p in chosen[i].passages[:k]]  # noqa: E731
     else:
-        from ..eval.retrieval import corpus_index, retrieve_documents
+        from ..eval.retrieval import corpus_index, retrieve_documents, two_corpora_documents
 
         if doc_passages < 1:
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
         index = corpus_index(examples, doc_passages)
         _say(f"retrieving {k} documents a question")
         retrieved = retrieve_documents(index, chosen, k)
+        if others_from is not None:
+            try:
+                other_index = corpus_index(load_qa(others_from), doc_passages)
+            except ValueError as error:
+                raise typer.BadParameter(str(error), param_hint="--others-from") from error
+            retrieved = two_corpora_documents(index, other_index, chosen, k)
         if random_others:  # documents that are not each other's neighbours: robustness of the warming
             every = [p.as_document() for p in index.passages]
             retrieved = [
@@ -196,6 +215,8 @@ def eval_command(
         if use_ctxs:
             raise typer.BadParameter("--warm-neighbours needs retrieval (not --use-ctxs)")
         nearest = index.neighbours(warm_neighbours, parts=warm_in_parts, seed=seed)
+        if other_index is not None:  # each corpus warmed by its own `kvboost-rag warm`
+            nearest.update(other_index.neighbours(warm_neighbours, parts=warm_in_parts, seed=seed))
         neighbours_for = lambda document: nearest.get(document, [])  # noqa: E731
     group_of = None
     if neighbours_for is not None:  # as `kvboost-rag warm` warms by default
@@ -211,6 +232,7 @@ def eval_command(
         k=k,
         retrieval="ctxs" if use_ctxs else "faiss",
         random_others=random_others,
+        others_from=others_from.name if others_from else None,
         passages_per_document=1 if use_ctxs else doc_passages,
         warm_neighbours=warm_neighbours,
         warming="groups" if group_of else "alone",
@@ -252,5 +274,6 @@ def eval_command(
     stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
     stem += f"_parts{warm_in_parts}" if warm_in_parts > 1 else ""
     stem += "_random" if random_others and not use_ctxs else ""
+    stem += "_two_corpora" if others_from else ""
     paths = write(report, out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -117,6 +117,17 @@ def retrieve_documents(index: PassageIndex, questions: list[QAExample], k: int) 
     return [[p.as_document() for p in row] for row in index.search([q.question for q in questions], k)]
 
 
+def two_corpora_documents(
+    index: PassageIndex, other: PassageIndex, questions: list[QAExample], k: int
+) -> list[list[str]]:
+    """Each question's top ceil(k/2) documents of `index` and, after them, its top floor(k/2) of
+    `other`, a second corpus: prompts where half the documents were warmed among another corpus."""
+    own = retrieve_documents(index, questions, (k + 1) // 2)
+    if k < 2:
+        return own
+    return [mine + theirs for mine, theirs in zip(own, retrieve_documents(other, questions, k // 2), strict=True)]
+
+
 def sample_nq(count: int, k: int, seed: int) -> tuple[list[QAExample], list[list[str]]]:
     """`count` NQ-Open questions drawn with `seed`, each with its top-k retrieved documents."""
     examples = load_qa()

@@ -5,7 +5,7 @@ row shows what that technique buys; `verify`, `refresh` and `exact` add a step a
 CacheBlend's prefill; `default` is the engine as its settings stand, on documents warmed as
 `kvboost-rag warm` warms them (in groups of mutual neighbours), `plain` the same on documents
 warmed alone and `nearest` on documents warmed each after its own nearest (FusionRAG's way, (N + 1)x
-the warming work).
+the warming work); `sinks` is `default` with each moved run's first tokens always recomputed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Literal
 from ..config import ExactnessConfig, Mode, RepairConfig
 
 OFF = ExactnessConfig.off()
+SINK_TOKENS = 4  # where a moved run's KV is most wrong: its first tokens were a pass's attention sink
 
 # How the documents a variant reads were warmed: as the eval's corpus is (as `kvboost-rag warm`
 # warms: in groups of mutual neighbours), each alone, or each after its own nearest; each other
@@ -89,6 +90,10 @@ VARIANTS: dict[str, Builder] = {
     "nearest": Builder(
         "the engine as configured, documents warmed each after its own nearest",
         lambda b: Variant("nearest", "reuse", b.repair, b.exactness, warming="nearest"),
+    ),
+    "sinks": Builder(
+        "the default, each moved run's first 4 tokens always recomputed (EPIC's sinks)",
+        lambda b: Variant("sinks", "reuse", replace(b.repair, blend_boundary_tokens=SINK_TOKENS), b.exactness),
     ),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)

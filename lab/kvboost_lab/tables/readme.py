@@ -31,6 +31,7 @@ HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->
 HEADLINE_FILES = (
     "issue31d/eval_k5_n500.json",
     "issue31g/eval_k10_n500.json",
+    "issue31h/eval_k20_n500.json",
     "frontier/eval_k10_n500.json",
     "frontier/eval_k10_n500_nb4_rho005.json",
     "frontier/eval_k10_n5_docs4.json",
