@@ -225,7 +225,7 @@ def test_cli_eval_mixes_documents_from_a_second_corpus(tmp_path: Path, monkeypat
     assert all(p[1].startswith("Python reference: assert\n") for p in prompts), "the second from the other corpus"
 
 
-def test_cli_eval_refuses_a_second_corpus_with_given_or_random_documents(
+def test_cli_eval_refuses_a_second_corpus_with_given_or_random_documents_or_without_passages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import kvboost_rag.options
@@ -240,6 +240,11 @@ def test_cli_eval_refuses_a_second_corpus_with_given_or_random_documents(
         result = CliRunner().invoke(app, ["eval", "--data", str(path), "--others-from", str(path), extra])
         assert result.exit_code == 2 and "Traceback" not in result.output, result.output
         assert "--others-from" in result.output and extra in result.output
+    empty = tmp_path / "questions-only.json"
+    empty.write_text(json.dumps([{"question": "q", "answers": ["a"]}]))
+    result = CliRunner().invoke(app, ["eval", "--data", str(path), "--others-from", str(empty)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "holds no passages" in result.output
 
 
 def test_cli_eval_refuses_unknown_variants(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,6 +13,9 @@ from ..eval.variants import DEFAULT_VARIANTS, described
 from ..neighbours import DEFAULT_NEIGHBOURS
 from .app import app, store_location
 from .options import table_options
+
+if TYPE_CHECKING:
+    from ..eval.data import QAExample
 
 # Sized for a CPU (issue 32): the former seven variants and rho sweep took ~175 s a question on
 # one, so 500 questions took a day; 500 narrows EM's interval to a few points where there is time.
@@ -33,6 +36,21 @@ def _groups(sample: list[str], neighbours_for: Callable[[str], list[str]]) -> Ca
 
     group = {member: members for members in groups_among(sample, neighbours_for) for member in members}
     return lambda document: group.get(document, [document])
+
+
+def _other_corpus(path: Path, other_documents_chosen: bool) -> list[QAExample]:
+    """The second corpus of `--others-from`, checked before the model loads."""
+    from ..eval.data import corpus, load_qa
+
+    if other_documents_chosen:
+        raise typer.BadParameter("--others-from retrieves from two corpora: not with --use-ctxs or --random-others")
+    try:
+        examples = load_qa(path)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--others-from") from error
+    if not corpus(examples):
+        raise typer.BadParameter(f"{path} holds no passages (ctxs)", param_hint="--others-from")
+    return examples
 
 
 def _say(text: str) -> None:
@@ -158,8 +176,7 @@ def eval_command(
     if not examples:
         raise typer.BadParameter(f"{path} holds no examples", param_hint="--data")
     chosen = random.Random(seed).sample(examples, min(limit, len(examples)))
-    if others_from is not None and (use_ctxs or random_others):
-        raise typer.BadParameter("--others-from retrieves from two corpora: not with --use-ctxs or --random-others")
+    other_corpus = _other_corpus(others_from, use_ctxs or random_others) if others_from is not None else None
     _say(f"loading the model ({options.get('model') or 'the default'})")
     engine = build_engine({**options, "store": store_location(options.get("store"))})
     repair_changes: dict[str, Any] = dict(
@@ -194,13 +211,11 @@ def eval_command(
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
         index = corpus_index(examples, doc_passages)
         _say(f"retrieving {k} documents a question")
-        retrieved = retrieve_documents(index, chosen, k)
-        if others_from is not None:
-            try:
-                other_index = corpus_index(load_qa(others_from), doc_passages)
-            except ValueError as error:
-                raise typer.BadParameter(str(error), param_hint="--others-from") from error
+        if other_corpus is not None:
+            other_index = corpus_index(other_corpus, doc_passages)
             retrieved = two_corpora_documents(index, other_index, chosen, k)
+        else:
+            retrieved = retrieve_documents(index, chosen, k)
         if random_others:  # documents that are not each other's neighbours: robustness of the warming
             every = [p.as_document() for p in index.passages]
             retrieved = [
