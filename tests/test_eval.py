@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -208,7 +209,12 @@ def test_cli_eval_mixes_documents_from_a_second_corpus(tmp_path: Path, monkeypat
 
     prompts: list[list[str]] = []
     mix = retrieval.two_corpora_documents
-    monkeypatch.setattr(retrieval, "two_corpora_documents", lambda *a, **kw: prompts.extend(mix(*a, **kw)) or prompts)
+
+    def recorded(*args: Any, **kwargs: Any) -> list[list[str]]:
+        prompts.extend(mix(*args, **kwargs))
+        return prompts
+
+    monkeypatch.setattr(retrieval, "two_corpora_documents", recorded)
     path, other = tmp_path / "qa.json", tmp_path / "python.json"
     path.write_text(json.dumps(RECORDS))
     other.write_text(json.dumps(OTHER_CORPUS))

@@ -38,12 +38,10 @@ def _groups(sample: list[str], neighbours_for: Callable[[str], list[str]]) -> Ca
     return lambda document: group.get(document, [document])
 
 
-def _other_corpus(path: Path, other_documents_chosen: bool) -> list[QAExample]:
+def _other_corpus(path: Path) -> list[QAExample]:
     """The second corpus of `--others-from`, checked before the model loads."""
     from ..eval.data import corpus, load_qa
 
-    if other_documents_chosen:
-        raise typer.BadParameter("--others-from retrieves from two corpora: not with --use-ctxs or --random-others")
     try:
         examples = load_qa(path)
     except ValueError as error:
@@ -176,7 +174,9 @@ def eval_command(
     if not examples:
         raise typer.BadParameter(f"{path} holds no examples", param_hint="--data")
     chosen = random.Random(seed).sample(examples, min(limit, len(examples)))
-    other_corpus = _other_corpus(others_from, use_ctxs or random_others) if others_from is not None else None
+    if others_from is not None and (use_ctxs or random_others):
+        raise typer.BadParameter("--others-from retrieves from two corpora: not with --use-ctxs or --random-others")
+    other_corpus = _other_corpus(others_from) if others_from is not None else None
     _say(f"loading the model ({options.get('model') or 'the default'})")
     engine = build_engine({**options, "store": store_location(options.get("store"))})
     repair_changes: dict[str, Any] = dict(
