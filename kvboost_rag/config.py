@@ -42,7 +42,9 @@ class RepairConfig:
     not: full prefill's logits. `rho_after_neighbours`: the share for chunks whose document was
     warmed after its nearest documents, one of which stands in the prompt (their KV is closer to
     full prefill's, so less needs recomputing; None: `rho` for every chunk; rho 1 recomputes every
-    chunk whatever its warming);
+    chunk whatever its warming). `rho_among_strangers`: the share for chunks warmed after
+    neighbours none of which stands in the prompt (their KV attended to text this prompt lacks,
+    and deviates more than KV warmed alone; None: `rho`, as if warmed alone);
     a prompt's budget is each moved chunk's share of its tokens, spent on the most deviating
     tokens of the whole prompt.
     `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
@@ -54,6 +56,7 @@ class RepairConfig:
     strategy: RepairStrategy = "cacheblend"
     rho: float = 0.15
     rho_after_neighbours: float | None = 0.05
+    rho_among_strangers: float | None = 0.3
     max_tokens_per_run: int | None = 32
     check_layer: int = 1
     deviation: Deviation = "key"
@@ -70,6 +73,8 @@ class RepairConfig:
             raise ValueError(f"rho must be in [0, 1], got {self.rho!r}")
         if self.rho_after_neighbours is not None and not 0.0 <= self.rho_after_neighbours <= 1.0:
             raise ValueError(f"rho_after_neighbours must be None or in [0, 1], got {self.rho_after_neighbours!r}")
+        if self.rho_among_strangers is not None and not 0.0 <= self.rho_among_strangers <= 1.0:
+            raise ValueError(f"rho_among_strangers must be None or in [0, 1], got {self.rho_among_strangers!r}")
         if self.check_layer < 0:
             raise ValueError("check_layer must be >= 0")
         _check_optional_count("max_tokens_per_run", self.max_tokens_per_run)

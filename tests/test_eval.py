@@ -390,6 +390,13 @@ def test_sinks_is_the_default_with_each_moved_runs_first_tokens_recomputed() -> 
     assert (sinks.mode, sinks.exactness, sinks.warming) == (default.mode, default.exactness, default.warming)
 
 
+def test_strangers_as_alone_is_the_default_with_the_rule_before_strangers_had_a_share() -> None:
+    default, as_alone = variants(["default", "strangers-as-alone"], Baseline(RepairConfig(), ExactnessConfig()))[1:]
+    assert default.repair is not None and default.repair.rho_among_strangers == 0.3
+    assert as_alone.repair == RepairConfig(rho_among_strangers=None)
+    assert (as_alone.mode, as_alone.exactness, as_alone.warming) == (default.mode, default.exactness, default.warming)
+
+
 def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:
     from kvboost_rag.eval.runner import EvalReport, Record
 

@@ -3,6 +3,8 @@ its own KV as computed there, and a prompt reusing it is repaired as any other."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -140,7 +142,7 @@ def test_the_repair_recomputes_less_of_chunks_warmed_after_their_neighbours(
     fresh_engine: KVBoostRAG, passages: list[str]
 ) -> None:
     documents, prompt = _prompt(passages)
-    uncapped = RepairConfig(max_tokens_per_run=None)  # rho 0.15 alone, 0.05 after neighbours
+    uncapped = RepairConfig(max_tokens_per_run=None)  # 0.15 alone, 0.05 after neighbours, 0.3 among strangers
     fresh_engine.warm(documents)
     alone = fresh_engine.generate(prompt, max_new_tokens=1, repair=uncapped, store_prompt=False)
     together = in_memory(fresh_engine)
@@ -158,7 +160,10 @@ def test_the_repair_recomputes_less_of_chunks_warmed_after_their_neighbours(
     elsewhere.warm(documents, neighbours=[passages[40:42]] * len(documents))
     strangers = elsewhere.generate(prompt, max_new_tokens=1, repair=uncapped, store_prompt=False)
     assert strangers.reused_approximate_tokens == moved
-    assert strangers.repair_tokens == alone.repair_tokens, "neighbours absent from the prompt: repaired as alone"
+    assert strangers.repair_tokens == -(-moved * 30 // 100), "neighbours absent from the prompt: the strangers' share"
+    as_alone = replace(uncapped, rho_among_strangers=None)
+    strangers = elsewhere.generate(prompt, max_new_tokens=1, repair=as_alone, store_prompt=False)
+    assert strangers.repair_tokens == alone.repair_tokens, "None: repaired as if warmed alone"
 
 
 def test_a_group_warmed_together_gives_each_member_the_kv_after_half_its_group_or_more(

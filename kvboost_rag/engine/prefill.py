@@ -143,7 +143,7 @@ class PrefillRunner:
             forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
         use_values = repair.deviation == "value"
         cap = repair.max_tokens_per_run
-        rho = repair_share(plan, repair.rho, repair.rho_after_neighbours)
+        rho = repair_share(plan, repair.rho, repair.rho_after_neighbours, repair.rho_among_strangers)
         limit = cap * len(reused_runs(plan)) if cap is not None and rho < 1.0 else None
 
         def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,9 @@ row shows what that technique buys; `verify`, `refresh` and `exact` add a step a
 CacheBlend's prefill; `default` is the engine as its settings stand, on documents warmed as
 `kvboost-rag warm` warms them (in groups of mutual neighbours), `plain` the same on documents
 warmed alone and `nearest` on documents warmed each after its own nearest (FusionRAG's way, (N + 1)x
-the warming work); `sinks` is `default` with each moved run's first tokens always recomputed.
+the warming work); `sinks` is `default` with each moved run's first tokens always recomputed,
+`strangers-as-alone` the default with chunks warmed among documents the prompt lacks repaired as
+if warmed alone (the rule before issue 31's seventh pass).
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ VARIANTS: dict[str, Builder] = {
     "sinks": Builder(
         "the default, each moved run's first 4 tokens always recomputed (EPIC's sinks)",
         lambda b: Variant("sinks", "reuse", replace(b.repair, blend_boundary_tokens=SINK_TOKENS), b.exactness),
+    ),
+    "strangers-as-alone": Builder(
+        "the default, chunks warmed among documents the prompt lacks repaired as if warmed alone",
+        lambda b: Variant("strangers-as-alone", "reuse", replace(b.repair, rho_among_strangers=None), b.exactness),
     ),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)

@@ -16,24 +16,38 @@ This module plans which positions, on the reuse plan alone.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from .matching import ReusePlan
 from .segments import Segment
 
+if TYPE_CHECKING:
+    from ..store.entry import WarmedAfter
 
-def repair_share(plan: ReusePlan, rho: float, rho_after_neighbours: float | None) -> float:
+
+def repair_share(
+    plan: ReusePlan, rho: float, rho_after_neighbours: float | None, rho_among_strangers: float | None = None
+) -> float:
     """The share of the plan's moved tokens CacheBlend recomputes: each moved chunk counts with
     its own share, `rho_after_neighbours` where one of the documents it was warmed after stands in
-    this prompt too, else `rho` (warmed alone, or among documents this prompt does not hold).
-    Exactly `rho` when no chunk was warmed after neighbours, and at rho 1 (every moved token
-    recomputed: full prefill's logits, however the chunks were warmed). Measured against a share
-    in proportion to how many of them stand there: docs/research-log.md, issue 31 second pass."""
+    this prompt too, `rho_among_strangers` (None: `rho`) where none of them does (its KV attended
+    to text this prompt lacks), else `rho` (warmed alone). Exactly `rho` when no chunk was warmed
+    after neighbours, and at rho 1 (every moved token recomputed: full prefill's logits, however
+    the chunks were warmed). Measured against a share in proportion to how many of them stand
+    there, and against one that asks a neighbour to stand before the chunk: docs/research-log.md,
+    issue 31, second and seventh passes."""
     moved = [(len(s), s.entry.warmed_after) for s in plan.segments if s.kind == "approximate" and s.entry]
     if rho >= 1.0 or rho_after_neighbours is None or not any(warmed.context_tokens for _, warmed in moved):
         return rho
     in_prompt = {s.entry.content_hash for s in plan.segments if s.entry is not None}
-    budget = sum(n * (rho_after_neighbours if warmed.neighbour_in(in_prompt) else rho) for n, warmed in moved)
-    return budget / sum(n for n, _ in moved)
+    strangers = rho if rho_among_strangers is None else rho_among_strangers
+
+    def share(warmed: WarmedAfter) -> float:
+        if warmed.neighbour_in(in_prompt):
+            return rho_after_neighbours
+        return strangers if warmed.context_tokens else rho
+
+    return sum(n * share(warmed) for n, warmed in moved) / sum(n for n, _ in moved)
 
 
 def continues(previous: Segment, segment: Segment) -> bool:

@@ -53,3 +53,13 @@ def test_each_moved_chunk_counts_with_the_share_its_neighbours_in_the_prompt_giv
     moved: tuple[Moved, ...], rho: float, after: float | None, share: float
 ) -> None:
     assert repair_share(_plan(*moved), rho, after) == pytest.approx(share)
+
+
+def test_chunks_warmed_among_documents_the_prompt_lacks_take_the_strangers_share() -> None:
+    plan = _plan((100, _after("x"), "a"), (100, _after("a"), "b"), (200, ALONE, "c"))
+    # a: its neighbour x is absent (a stranger here); b: a stands here; c: warmed alone
+    expected = (100 * 0.3 + 100 * 0.05 + 200 * 0.15) / 400
+    assert repair_share(plan, 0.15, 0.05, 0.3) == pytest.approx(expected)
+    # a count without names (older stores) is taken as warmed among documents present, never a stranger
+    unnamed = _plan((100, WarmedAfter(40), "a"), (300, ALONE, "b"))
+    assert repair_share(unnamed, 0.15, 0.05, 0.3) == pytest.approx((5 + 45) / 400)

@@ -23,20 +23,22 @@ from .tiers import budget, redis_tier, store, warming
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
-# The eval results the top-level README's headline table reads: what users get today at k=5 on
-# 500 questions (documents warmed in groups of mutual neighbours, beside each after its own nearest,
-# one run), then k=10 on 500 questions from before groups (documents warmed alone, the default
-# until issue 31 and the `plain` variant now, beside each after its 4 nearest with rho 0.05), then
-# long documents.
+# The eval results the top-level README's headline table reads: what users get today at k=5 (500
+# questions) and k=10 (200), each beside the repair rule before issue 31's seventh pass in one run;
+# k=10 (500) and k=20 (500) from before that rule; then k=10 on 500 questions from before groups
+# (documents warmed alone, the default until issue 31 and the `plain` variant now, beside each
+# after its 4 nearest with rho 0.05), then long documents.
 HEADLINE_FILES = (
-    "issue31d/eval_k5_n500.json",
+    "issue31i/eval_k5_n500.json",
+    "issue31i/eval_k10_n200.json",
     "issue31g/eval_k10_n500.json",
     "issue31h/eval_k20_n500.json",
     "frontier/eval_k10_n500.json",
     "frontier/eval_k10_n500_nb4_rho005.json",
     "frontier/eval_k10_n5_docs4.json",
 )
-HEADLINE_VARIANTS = ("full", "together", "default", "nearest", "plain")
+HEADLINE_VARIANTS = ("full", "together", "default", "strangers", "strangers-as-alone", "nearest", "plain")
+HEADLINE_ORDER = ("full", "default", "strangers-as-alone", "nearest", "plain")  # by today's names
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
@@ -115,14 +117,24 @@ def _prompts(data: dict[str, Any]) -> str:
 def _variant_now(data: dict[str, Any], variant: str) -> str:
     """A recorded variant by today's name: a `default` of documents warmed alone is `plain` now, one
     of documents each warmed after its own nearest (before groups became the default) `nearest`,
-    and `together` (groups, then a variant) today's `default`."""
+    `together` (groups, then a variant) today's `default`; of groups, a `default` repaired before
+    chunks warmed among strangers had a share of their own is `strangers-as-alone` now, and
+    `strangers` (that share, then a variant) today's `default`."""
     if variant == "default" and _warmed_alone(data):
         return "plain"
-    if variant == "together":
+    if variant == "strangers":
         return "default"
-    if variant == "default" and data["settings"].get("warm_neighbours") and data["settings"].get("warming") != "groups":
+    groups = data["settings"].get("warming") == "groups" or "together" in data["summary"]
+    if variant == "together" or (variant == "default" and data["settings"].get("warming") == "groups"):
+        return "default" if _strangers_share(data) else "strangers-as-alone"
+    if variant == "default" and data["settings"].get("warm_neighbours") and not groups:
         return "nearest"
     return variant
+
+
+def _strangers_share(data: dict[str, Any]) -> bool:
+    """Whether the run's repair gave chunks warmed among documents the prompt lacks their own share."""
+    return re.search(r"rho_among_strangers=[0-9.]+", str(data["settings"].get("repair", ""))) is not None
 
 
 def _warmed_alone(data: dict[str, Any]) -> bool:
@@ -154,10 +166,9 @@ def render_headline(results: Path) -> str:
             continue
         data = json.loads(path.read_text())
         machines.add(_machine(data))
-        for variant in HEADLINE_VARIANTS:
-            stats = data["summary"].get(variant)
-            if stats is not None:
-                rows.append({"prompts": _prompts(data), "variant": _variant_now(data, variant), **stats})
+        found = [(_variant_now(data, v), data["summary"][v]) for v in HEADLINE_VARIANTS if v in data["summary"]]
+        for variant, stats in sorted(found, key=lambda row: HEADLINE_ORDER.index(row[0])):
+            rows.append({"prompts": _prompts(data), "variant": variant, **stats})
     columns: list[Column] = [
         ("prompts", get("prompts"), "{}"),
         ("variant", get("variant"), "{}"),
