@@ -157,7 +157,8 @@ def test_the_repair_recomputes_less_of_chunks_warmed_after_their_neighbours(
     )
     assert same.repair_tokens == alone.repair_tokens, "None: one share for every chunk"
     elsewhere = in_memory(fresh_engine)  # each warmed after documents this prompt does not hold
-    elsewhere.warm(documents, neighbours=[passages[40:42]] * len(documents))
+    elsewhere.warm(documents, neighbours=[passages[36:38]] * len(documents))
+    assert all(entry.warmed_after.neighbours for entry in elsewhere.store), "each warmed after named strangers"
     strangers = elsewhere.generate(prompt, max_new_tokens=1, repair=uncapped, store_prompt=False)
     assert strangers.reused_approximate_tokens == moved
     assert strangers.repair_tokens == -(-moved * 30 // 100), "neighbours absent from the prompt: the strangers' share"
