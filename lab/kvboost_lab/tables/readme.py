@@ -124,10 +124,9 @@ def _variant_now(data: dict[str, Any], variant: str) -> str:
         return "plain"
     if variant == "strangers":
         return "default"
-    groups = data["settings"].get("warming") == "groups" or "together" in data["summary"]
     if variant == "together" or (variant == "default" and data["settings"].get("warming") == "groups"):
         return "default" if _strangers_share(data) else "strangers-as-alone"
-    if variant == "default" and data["settings"].get("warm_neighbours") and not groups:
+    if variant == "default" and data["settings"].get("warm_neighbours"):
         return "nearest"
     return variant
 
