@@ -23,7 +23,7 @@ from bench_decode import prompt_of_length
 from kvboost_lab import harness
 from kvboost_rag import SparseDecodeConfig
 from kvboost_rag.eval.data import load_qa
-from kvboost_rag.hf.cache import float_keys_for, forward_last_logits, make_cache
+from kvboost_rag.hf.cache import decode_kv_for, forward_last_logits, make_cache
 from kvboost_rag.ops.attention import single_query_attention
 from kvboost_rag.ops.sparse_decode import ACTIVE_SPARSE_DECODE, SparseDecode, SparseDecodeStats
 
@@ -38,8 +38,8 @@ class Window:
         if not self.tokens:
             return query.new_zeros(1, 1, query.shape[1], query.shape[3])
         window = slice(keys.shape[2] - self.tokens, None)
-        float_keys = float_keys_for(layer, keys)
-        float_window = None if float_keys is None else float_keys[:, :, window]
+        decode_kv = decode_kv_for(layer, keys)
+        float_window = None if decode_kv is None else (decode_kv[0][:, :, window], values[:, :, window])
         return single_query_attention(query, keys[:, :, window], values[:, :, window], scale, float_window)
 
     def forget(self) -> None:

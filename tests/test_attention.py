@@ -9,7 +9,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvboost_rag.hf.attention import few_queries_attention
-from kvboost_rag.hf.cache import float_keys_for, make_cache, running_over
+from kvboost_rag.hf.cache import decode_kv_for, make_cache, running_over
 from kvboost_rag.ops.attention import (
     blockwise_grouped_attention,
     causal_blocks,
@@ -101,36 +101,65 @@ def test_a_bfloat16_decode_step_takes_the_fast_path_at_sdpa_precision() -> None:
     assert torch.equal(in_fp32, exact)
 
 
-def test_a_bfloat16_decode_step_reads_the_caches_float_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a forward pass over a cache of ours, a decode step's scores read the layer's float32
-    copy of its keys, kept up to date token by token, and attend exactly as over converted keys."""
+def test_a_bfloat16_decode_step_reads_the_caches_float_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a forward pass over a cache of ours, a decode step reads the layer's float32 copies of
+    its keys and values, kept up to date token by token, and attends exactly as over converted ones."""
     read: list[bool] = []
 
-    def recording(layer_idx: int | None, key: torch.Tensor) -> torch.Tensor | None:
-        found = float_keys_for(layer_idx, key)
-        read.append(found is not None and torch.equal(found, key.float()))
+    def recording(layer_idx: int | None, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        found = decode_kv_for(layer_idx, key)
+        values = cache.layers[1].values
+        read.append(
+            found is not None
+            and values is not None
+            and torch.equal(found[0], key.float())
+            and torch.equal(found[1], values.float())
+        )
         return found
 
-    monkeypatch.setattr("kvboost_rag.hf.attention.float_keys_for", recording)
+    monkeypatch.setattr("kvboost_rag.hf.attention.decode_kv_for", recording)
     torch.manual_seed(2)
     keys, values = torch.randn(2, 3, 40, 64).bfloat16(), torch.randn(2, 3, 40, 64).bfloat16()
     cache = make_cache(keys, values)
     layer = cache.layers[1]
     module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, layer_idx=1)
     query = torch.randn(1, 9, 1, 64).bfloat16()
-    for step in range(300):  # past the buffer's headroom: it grows, and the copy is made again
+    for step in range(300):  # past the buffer's headroom: it grows, and the copies are made again
         new_key, new_value = torch.randn(1, 3, 1, 64).bfloat16(), torch.randn(1, 3, 1, 64).bfloat16()
         key, value = cache.update(new_key, new_value, 1)
         with running_over(cache):
             ours, _ = few_queries_attention(module, query, key, value, None, scaling=0.125)
-            assert float_keys_for(0, key) is None, "another layer's keys are not this tensor"
+            assert decode_kv_for(0, key) is None, "another layer's keys are not this tensor"
         if step % 50 == 0 or step == 299:
-            assert torch.equal(layer.float_keys(), key.float())
-            assert torch.equal(ours, single_query_attention(query, key, value, 0.125))
-    assert read == [True] * 300, "every step read the layer's copy, equal to its keys"
-    assert float_keys_for(1, key) is None, "outside a forward pass nothing is read"
+            float_keys, float_values = layer.decode_kv()
+            assert torch.equal(float_keys, key.float()) and torch.equal(float_values, value.float())
+            reference = single_query_attention(query.float(), key.float(), value.float(), 0.125).bfloat16()
+            assert torch.equal(ours, reference), "the same numbers as attention over converted K/V"
+    assert read == [True] * 300, "every step read the layer's copies, equal to its keys and values"
+    assert decode_kv_for(1, key) is None, "outside a forward pass nothing is read"
     layer.crop(-10)
-    assert torch.equal(layer.float_keys(), layer.keys.float()) and layer.float_keys().shape[2] == 330
+    float_keys, float_values = layer.decode_kv()
+    assert torch.equal(float_keys, layer.keys.float()) and float_keys.shape[2] == 330
+    assert torch.equal(float_values, layer.values.float()) and float_values.shape[2] == 330
+
+
+def test_a_long_bfloat16_cache_is_attended_over_its_whole_value_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From FLOAT_VALUES_BELOW_TOKENS on, the values stay bf16 and a decode step reads their whole
+    buffer (oneDNN's fast path) with zero weight past the cache: the attention of the view, up to
+    the rounding of a bf16 product."""
+    monkeypatch.setattr("kvboost_rag.hf.cache.FLOAT_VALUES_BELOW_TOKENS", 64)
+    torch.manual_seed(3)
+    cache = make_cache(torch.randn(1, 3, 100, 64).bfloat16(), torch.randn(1, 3, 100, 64).bfloat16())
+    cache.layers[0].crop(-20)  # stale values past the cache: weighted by zero all the same
+    layer = cache.layers[0]
+    float_keys, values = layer.decode_kv()
+    assert float_keys.shape[2] == 80 and torch.equal(float_keys, layer.keys.float())
+    assert values.dtype == torch.bfloat16 and values.shape[2] > 80 and values.is_contiguous()
+    query = torch.randn(1, 9, 1, 64).bfloat16()
+    ours = single_query_attention(query, layer.keys, layer.values, 0.125, (float_keys, values))
+    over_view = single_query_attention(query, layer.keys, layer.values, 0.125)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (1, 1, 9, 64)
+    torch.testing.assert_close(ours.float(), over_view.float(), atol=1e-2, rtol=1e-2)
 
 
 def test_a_single_query_with_a_mask_keeps_its_mask() -> None:

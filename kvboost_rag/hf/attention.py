@@ -25,7 +25,7 @@ from ..ops.attention import (
 )
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .blend import ACTIVE_BLEND, SelectiveCache
-from .cache import float_keys_for
+from .cache import decode_kv_for
 
 REUSE_ATTENTION = "kvboost_sdpa"
 
@@ -71,8 +71,8 @@ def few_queries_attention(
         and not heads % kv_heads
         and all(kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
     ):  # a decode step over the whole cache
-        float_key = float_keys_for(getattr(module, "layer_idx", None), key)
-        return single_query_attention(query, key, value, scale, float_key), None
+        decode_kv = decode_kv_for(getattr(module, "layer_idx", None), key)
+        return single_query_attention(query, key, value, scale, decode_kv), None
     if (
         attention_mask is None
         or query.device.type != "cpu"

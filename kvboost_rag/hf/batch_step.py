@@ -20,9 +20,11 @@ from collections.abc import Callable
 
 import torch
 
+from ..ops.attention import weighted_values
 from .batch_kv import BatchKV
+from .cache import FLOAT_VALUES_BELOW_TOKENS
 from .int4_linear import INT4_MAX_ROWS, Int4Linear
-from .lean_step import LeanLayer, LeanStep, _rms_norm, _rotate_half
+from .lean_step import LeanLayer, LeanStep, _rms_norm, _rotary_tables, _rotate
 
 
 @torch.inference_mode()
@@ -37,8 +39,7 @@ def batched_step_logits(step: LeanStep, tokens: torch.Tensor, positions: torch.T
     mask = torch.zeros(filled.shape, dtype=torch.float32, device=tokens.device).masked_fill_(~filled, float("-inf"))
     mask = mask.view(rows, 1, 1, width)
     hidden = step.embed(tokens.view(rows, 1))
-    cos, sin = step.rotary(hidden, positions.view(rows, 1))
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    cos, sin = _rotary_tables(*step.rotary(hidden, positions.view(rows, 1)))
     for index, layer in enumerate(step.layers):
         hidden = _layer(step, layer, index, hidden, cos, sin, kv, slots, mask, width)
     kv.advance()
@@ -69,15 +70,18 @@ def _layer(
     query = query.view(rows, 1, heads, head_dim).transpose(1, 2)
     key = key.view(rows, 1, kv_heads, head_dim).transpose(1, 2)
     value = value.view(rows, 1, kv_heads, head_dim).transpose(1, 2)
-    query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+    query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
     kv.append(index, key, value, slots)
-    keys = (kv.float_keys if kv.float_keys.numel() else kv.keys)[index, :rows, :, :width]
-    values = kv.values[index, :rows, :, :width]
-    # scores and softmax in fp32 as `ops.attention.single_query_attention` keeps them
+    wide = kv.float_keys.numel() > 0
+    keys = (kv.float_keys if wide else kv.keys)[index, :rows, :, :width]
+    if not wide:
+        values = kv.values[index, :rows, :, :width]
+    else:  # as `hf.cache.GrowingLayer.decode_kv` gives them: fp32 below the bound, else the whole buffer
+        values = kv.float_values[index, :rows] if width < FLOAT_VALUES_BELOW_TOKENS else kv.values[index, :rows]
+    # as `ops.attention.single_query_attention` attends
     grouped = (query.float() * step.scale).reshape(rows, kv_heads, heads // kv_heads, head_dim)
-    scores = torch.matmul(grouped, keys.transpose(2, 3)).add_(mask)
-    probs = scores.softmax(dim=-1).to(values.dtype)
-    attended = torch.matmul(probs, values).reshape(rows, 1, heads * head_dim)
+    probs = torch.matmul(grouped, keys.transpose(2, 3)).add_(mask).softmax(dim=-1)
+    attended = weighted_values(probs, values, width, hidden.dtype).reshape(rows, 1, heads * head_dim)
     hidden = hidden + _in_parts(layer.o_proj, attended)
     normed = _rms_norm(hidden, layer.post_norm, layer.post_eps)
     if layer.gate_up_proj is not None:

@@ -19,6 +19,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 HEADROOM_TOKENS = 256  # room a layer's buffer keeps past what it holds: a short answer never regrows it
+FLOAT_VALUES_BELOW_TOKENS = 2048  # a decode step reads fp32 values below, the bf16 buffer above (`decode_kv`)
 
 
 class GrowingLayer(DynamicLayer):
@@ -27,7 +28,7 @@ class GrowingLayer(DynamicLayer):
     DynamicLayer concatenates: every decode step copies the layer's whole cache to add one token,
     so a step's cost grows with the prompt beyond reading it. Here a step writes its token and
     the cache is a view of the buffer; the buffer doubles when full (amortized O(1) per token).
-    A float32 copy of the keys is kept beside 16-bit ones once asked for (`float_keys`).
+    Float32 copies are kept beside 16-bit keys and values once asked for (`decode_kv`).
     """
 
     def __init__(self) -> None:
@@ -35,28 +36,44 @@ class GrowingLayer(DynamicLayer):
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
         self._length = 0
-        self._float_keys: torch.Tensor | None = None  # same capacity as the key buffer
-        self._float_length = 0  # how many of the keys it holds
+        self._float_keys: torch.Tensor | None = None  # same capacity as the buffers
+        self._float_values: torch.Tensor | None = None  # made for short caches only (`decode_kv`)
+        self._float_length = 0  # how many tokens they hold
 
-    def float_keys(self) -> torch.Tensor:
-        """The keys in float32, converted once and then a token at a time as the cache grows.
+    def decode_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a 16-bit decode step on a CPU attends over (`ops.attention.single_query_attention`):
+        the keys in float32, and the values in float32 for a cache shorter than
+        FLOAT_VALUES_BELOW_TOKENS when the copies are made, else the whole value buffer (its
+        slots past the cache are zeros or stale values, all finite). The copies are converted
+        once and then a token at a time as the cache grows, and made again with a new buffer.
 
-        A 16-bit decode step on a CPU takes its scores in fp32 (`ops.attention.single_query_attention`);
-        converting the whole cache there at every step was ~15% of a step at 8,000 tokens (bf16).
-        The copy costs twice the keys' memory, for the life of the cache.
+        Why: converting the whole cache at every step was ~15% of a step at 8,000 tokens (bf16).
+        A bf16 product over a view of the cache runs on a slow path, over a whole buffer on
+        oneDNN's; an fp32 one takes views at once, but reads twice the bytes. A step of the
+        default model (int4, 2 AVX-512 cores): at 512 tokens 14.9 ms with fp32 values against
+        16.2 over the bf16 buffer (17.2 over a bf16 view); at 4,000 tokens 26.8 against 23.9
+        (25.6); docs/research-log.md, "Issue 33, second pass". The copies cost memory: twice
+        the keys', and twice the values' below the bound.
         """
-        assert self._key_buffer is not None
+        assert self._key_buffer is not None and self._value_buffer is not None
         if self._key_buffer.dtype == torch.float32:
-            assert self.keys is not None  # a view of the buffer, set with it
-            return self.keys
-        if self._float_keys is None:  # dropped whenever the buffer is replaced
+            assert self.keys is not None and self.values is not None  # views of the buffers, set with them
+            return self.keys, self.values
+        if self._float_keys is None:  # dropped whenever the buffers are replaced
             self._float_keys = torch.empty(self._key_buffer.shape, dtype=torch.float32, device=self._key_buffer.device)
+            if self._length < FLOAT_VALUES_BELOW_TOKENS:
+                self._float_values = self._value_buffer.new_empty(self._value_buffer.shape, dtype=torch.float32)
             self._float_length = 0
         if self._float_length < self._length:
             done, end = self._float_length, self._length
             self._float_keys[..., done:end, :].copy_(self._key_buffer[..., done:end, :])
+            if self._float_values is not None:
+                self._float_values[..., done:end, :].copy_(self._value_buffer[..., done:end, :])
             self._float_length = end
-        return self._float_keys[..., : self._length, :]
+        keys = self._float_keys[..., : self._length, :]
+        if self._float_values is None:
+            return keys, self._value_buffer
+        return keys, self._float_values[..., : self._length, :]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -79,7 +96,7 @@ class GrowingLayer(DynamicLayer):
             self._float_length = min(self._float_length, self._length)
 
     def reset(self) -> None:
-        self._key_buffer = self._value_buffer = self._float_keys = None
+        self._key_buffer = self._value_buffer = self._float_keys = self._float_values = None
         self._length = self._float_length = 0
         super().reset()
 
@@ -90,12 +107,13 @@ class GrowingLayer(DynamicLayer):
             (*keys.shape[:-2], capacity, keys.shape[-1]),
             (*values.shape[:-2], capacity, values.shape[-1]),
         )
-        key_buffer, value_buffer = keys.new_empty(shape_k), values.new_empty(shape_v)
+        # values past the cache are read with weight zero by a decode step (`decode_kv`): finite
+        key_buffer, value_buffer = keys.new_empty(shape_k), values.new_zeros(shape_v)
         if self._key_buffer is not None and self._value_buffer is not None and self._length:  # set together
             key_buffer[..., : self._length, :].copy_(self._key_buffer[..., : self._length, :])
             value_buffer[..., : self._length, :].copy_(self._value_buffer[..., : self._length, :])
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
-        self._float_keys, self._float_length = None, 0  # made again, at the new capacity, when asked
+        self._float_keys, self._float_values, self._float_length = None, None, 0  # made again when asked
 
     def _set_length(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Hold `length` tokens; the new `keys` and `values` (views of the buffers)."""
@@ -110,14 +128,14 @@ class GrowingLayer(DynamicLayer):
 ACTIVE_CACHE: ContextVar[DynamicCache | None] = ContextVar("kvboost_active_cache", default=None)
 
 
-def float_keys_for(layer_idx: int | None, keys: torch.Tensor) -> torch.Tensor | None:
-    """The float32 copy of `keys` where they are the whole keys of that layer of the running
-    forward pass's cache (the tensor its update returned), else None."""
+def decode_kv_for(layer_idx: int | None, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`GrowingLayer.decode_kv` of that layer of the running forward pass's cache where `keys`
+    are its whole keys (the tensor its update returned), else None."""
     cache = ACTIVE_CACHE.get()
     if cache is None or layer_idx is None or layer_idx >= len(cache.layers):
         return None
     layer = cache.layers[layer_idx]
-    return layer.float_keys() if isinstance(layer, GrowingLayer) and layer.keys is keys else None
+    return layer.decode_kv() if isinstance(layer, GrowingLayer) and layer.keys is keys else None
 
 
 @contextmanager

@@ -98,8 +98,7 @@ class LeanStep:
     @torch.inference_mode()
     def __call__(self, token: torch.Tensor, position: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         hidden = self.embed(token.view(1, 1))
-        cos, sin = self.rotary(hidden, position.view(1, 1))
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = _rotary_tables(*self.rotary(hidden, position.view(1, 1)))
         # The attention the model's forward would run: the engine's for one 16-bit query on a CPU
         # where the model was switched to it (`hf.attention`), sdpa's otherwise.
         engine_attention = getattr(self.config, "_attn_implementation", None) == REUSE_ATTENTION
@@ -124,18 +123,18 @@ class LeanStep:
         if layer.qkv_proj is not None:  # one call; rotary on q and k together (elementwise: the same numbers)
             qkv = layer.qkv_proj(normed)
             both = qkv[..., : self.q_size + self.kv_size].view(1, 1, self.heads + self.kv_heads, self.head_dim)
-            both = (both.transpose(1, 2) * cos + _rotate_half(both.transpose(1, 2)) * sin).transpose(1, 2)
+            both = _rotate(both.transpose(1, 2), cos, sin).transpose(1, 2)
             query, key = both[:, :, : self.heads].transpose(1, 2), both[:, :, self.heads :].transpose(1, 2)
             value = qkv[..., self.q_size + self.kv_size :].view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
         else:
             query = layer.q_proj(normed).view(1, 1, self.heads, self.head_dim).transpose(1, 2)
             key = layer.k_proj(normed).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
             value = layer.v_proj(normed).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+            query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
         keys, values = kv.update(key, value)
         if engine_attention and single_query_on_matmuls(query):
-            float_keys = kv.float_keys() if isinstance(kv, GrowingLayer) else None
-            attended = single_query_attention(query, keys, values, self.scale, float_keys)
+            decode_kv = kv.decode_kv() if isinstance(kv, GrowingLayer) else None
+            attended = single_query_attention(query, keys, values, self.scale, decode_kv)
         else:
             if not _SDPA_GROUPS and self.heads != self.kv_heads:  # torch < 2.5: repeat K/V per query head
                 repeats = self.heads // self.kv_heads
@@ -174,9 +173,17 @@ def _called(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     return module if any(hooks) or torch.nn.modules.module._global_forward_pre_hooks else module.forward
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary module's cos and sin [rows, 1, d] as [rows, 1, 1, d], the sine's first half
+    negated (`_rotate` reads it so)."""
+    half = sin.shape[-1] // 2
+    return cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """transformers' `x * cos + rotate_half(x) * sin` in four operators where it took seven:
+    rotate_half(x) * sin = roll(x) * signed_sin, as (-a) * b and a * (-b) round alike."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def lean_step_reason(model: Any) -> str | None:

@@ -49,24 +49,42 @@ def single_query_on_matmuls(query: torch.Tensor) -> bool:
 
 
 def single_query_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, float_key: torch.Tensor | None = None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    decode_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One new token per sequence, queries [b, heads, 1, d], over every cached K/V [b, kv_heads,
     n, d] (no mask: a decode step sees the whole cache): two matmuls per key/value head group.
-    `float_key`: the keys already in float32, where the caller keeps such a copy.
+    `decode_kv`: the keys already in float32 and the values in float32 or as their whole buffer
+    [b, kv_heads, >= n, d] (slots past n finite: they are weighted by zero), where the caller
+    keeps them (`hf.cache.GrowingLayer.decode_kv`).
 
     Scores and softmax in fp32, as sdpa's kernels keep them, so a reduced-precision decode step
     reads the same attention; on a CPU, sdpa's flash kernel takes one bf16 query 3-6x longer
     (0.40 against 0.12 ms a layer at 700 keys, 4.9 against 0.87 ms at 8,000, on 2 AVX-512 cores;
-    docs/research-log.md, "Issue 15, third pass").
-    Returns [b, 1, heads, d].
+    docs/research-log.md, "Issue 15, third pass"). Returns [b, 1, heads, d].
     """
     batch, heads, _, head_dim = query.shape
-    kv_heads = key.shape[1]
+    kv_heads, length = key.shape[1], key.shape[2]
+    keys, values = (key, value) if decode_kv is None else decode_kv
     grouped = (query.float() * scale).reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    keys = (key if float_key is None else float_key).transpose(2, 3).float()  # no copy if fp32 already
-    probs = torch.matmul(grouped, keys).softmax(dim=-1).to(value.dtype)
-    return torch.matmul(probs, value).reshape(batch, 1, heads, value.shape[-1])
+    probs = torch.matmul(grouped, keys.transpose(2, 3).float()).softmax(dim=-1)  # no copy if fp32 already
+    return weighted_values(probs, values, length, value.dtype).reshape(batch, 1, heads, value.shape[-1])
+
+
+def weighted_values(probs: torch.Tensor, values: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """probs [..., q, length] (fp32) times values [..., >= length, d], in `dtype`: in fp32 for
+    fp32 values, else in the values' dtype over their whole buffer where it is longer (the
+    probabilities padded with zeros: a bf16 product over a view of a buffer is slow on a CPU)."""
+    if values.dtype == torch.float32:
+        return torch.matmul(probs, values[..., :length, :]).to(dtype)
+    if values.shape[-2] > length:
+        padded = probs.new_zeros(*probs.shape[:-1], values.shape[-2], dtype=values.dtype)
+        padded[..., :length].copy_(probs)
+        return torch.matmul(padded, values).to(dtype)
+    return torch.matmul(probs.to(values.dtype), values).to(dtype)
 
 
 def causal_blocks(query_positions: torch.Tensor, blocks: int) -> list[tuple[int, int, int]]:
