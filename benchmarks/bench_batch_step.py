@@ -77,9 +77,7 @@ def main() -> None:
         batched, first_batched = [], None
         for index in range(args.steps + 2):
             started = time.perf_counter()
-            out = batched_step_logits(
-                step, torch.tensor(tokens), torch.full((rows,), args.length + index), kv
-            )
+            out = batched_step_logits(step, torch.tensor(tokens), torch.full((rows,), args.length + index), kv)
             batched.append(time.perf_counter() - started)
             if index == 0:
                 first_batched = out
@@ -106,7 +104,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "rows": results,
     }
-    print(f"wrote {harness.write_json(args.out, report)}")
+    harness.write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ class BatchKV:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.dtype, self.device = dtype, device
-        self.keys = self.values = self.float_keys = self.float_values = torch.empty(0)
+        self.keys = self.values = self.float_keys = torch.empty(0)
         self.lengths: list[int] = []  # tokens each row holds
         self.joined: list[int] = []  # tokens each row held when it joined (its cache has those)
 
@@ -53,7 +53,6 @@ class BatchKV:
             self.values[index, row, :, :length].copy_(layer.values[0])
             if self.float_keys.numel():
                 self.float_keys[index, row, :, :length].copy_(layer.keys[0])
-                self.float_values[index, row, :, :length].copy_(layer.values[0])
         for buffer in self._buffers():
             buffer[:, row, :, length:].zero_()
         self.lengths.append(length)
@@ -90,7 +89,6 @@ class BatchKV:
         self.values[layer, rows, :, positions] = values[:, :, 0]
         if self.float_keys.numel():
             self.float_keys[layer, rows, :, positions] = keys[:, :, 0].float()
-            self.float_values[layer, rows, :, positions] = values[:, :, 0].float()
 
     @torch.inference_mode()
     def reserve_step(self) -> torch.Tensor:
@@ -110,13 +108,11 @@ class BatchKV:
             capacity = max(tokens, capacity + capacity // 4) + HEADROOM_TOKENS
         shape = (self.layers, rows, self.kv_heads, capacity, self.head_dim)
         keys, values = (torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2))
-        # A 16-bit step attends in fp32 (`ops.attention`): keys and values are kept in fp32 beside.
+        # A 16-bit step takes its scores in fp32 (`ops.attention`): the keys are kept in fp32 beside.
         wide = self.dtype != torch.float32
-        float_keys, float_values = (
-            torch.empty(shape, dtype=torch.float32, device=self.device) if wide else torch.empty(0) for _ in range(2)
-        )
+        float_keys = torch.empty(shape, dtype=torch.float32, device=self.device) if wide else torch.empty(0)
         old = list(self._buffers())
-        self.keys, self.values, self.float_keys, self.float_values = keys, values, float_keys, float_values
+        self.keys, self.values, self.float_keys = keys, values, float_keys
         count = self.rows
         for new, held in zip(self._buffers(), old):  # the rows held: their slots, then zeros
             width = max(self.lengths, default=0)
@@ -124,4 +120,4 @@ class BatchKV:
             new[:, :count, :, width:].zero_()
 
     def _buffers(self) -> list[torch.Tensor]:
-        return [buffer for buffer in (self.keys, self.values, self.float_keys, self.float_values) if buffer.numel()]
+        return [buffer for buffer in (self.keys, self.values, self.float_keys) if buffer.numel()]

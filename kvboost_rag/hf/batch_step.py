@@ -12,6 +12,13 @@ run over more slots, in another order. On 8 NQ prompts (64 tokens, bf16) one ans
 sequential one at token 27; attending each row over its own length kept all 8 equal but made a
 step of 8 rows 59 ms instead of 47 (docs/research-log.md, "Issue 34"). First tokens come from
 each request's own prefill: always equal.
+
+A 16-bit row's values are read in bf16, where a lone step reads an fp32 copy below 2,048 tokens
+(`hf.cache.GrowingLayer.decode_kv`): one row is bound by its operators' count, many by the bytes
+attention reads. 8 rows of 512 tokens (int4, 2 AVX-512 cores, `benchmarks/bench_batch_step.py`):
+41.2 ms a step over bf16 values, 45.8 over fp32 copies, 44.4 over the whole bf16 buffer. So a
+batched bf16 row rounds its attention as a bf16 product (the largest logit difference from its
+lone steps was 0.3-0.4), and a greedy answer may part from its lone one at a near-tie.
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ import torch
 
 from ..ops.attention import weighted_values
 from .batch_kv import BatchKV
-from .cache import FLOAT_VALUES_BELOW_TOKENS
 from .int4_linear import INT4_MAX_ROWS, Int4Linear
 from .lean_step import LeanLayer, LeanStep, _rms_norm, _rotary_tables, _rotate
 
@@ -74,11 +80,7 @@ def _layer(
     kv.append(index, key, value, slots)
     wide = kv.float_keys.numel() > 0
     keys = (kv.float_keys if wide else kv.keys)[index, :rows, :, :width]
-    if not wide:
-        values = kv.values[index, :rows, :, :width]
-    else:  # as `hf.cache.GrowingLayer.decode_kv` gives them: fp32 below the bound, else the whole buffer
-        values = kv.float_values[index, :rows] if width < FLOAT_VALUES_BELOW_TOKENS else kv.values[index, :rows]
-    # as `ops.attention.single_query_attention` attends
+    values = kv.values[index, :rows, :, :width]  # in their own dtype (see the module's note)
     grouped = (query.float() * step.scale).reshape(rows, kv_heads, heads // kv_heads, head_dim)
     probs = torch.matmul(grouped, keys.transpose(2, 3)).add_(mask).softmax(dim=-1)
     attended = weighted_values(probs, values, width, hidden.dtype).reshape(rows, 1, heads * head_dim)
