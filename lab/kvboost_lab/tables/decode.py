@@ -134,3 +134,19 @@ def decode_peers(data: dict[str, Any]) -> str:
         "first token was a near-tie, the exact prefill that verified it (raw text without a question often is one)."
     )
     return notes + "\n\n" + columns_table(columns, rows)
+
+
+def batch_step(data: dict[str, Any]) -> str:
+    """One decode step for many rows at once against one step each: what continuous batching saves."""
+    columns: list[Column] = [
+        ("rows", get("rows"), "{}"),
+        ("one step each, in turn", get("one_step_each_ms"), "{:.1f} ms"),
+        ("one batched step", get("batched_step_ms"), "{:.1f} ms"),
+        ("speedup", get("speedup"), "{:.2f}x"),
+        ("largest logit difference", get("max_logit_difference"), "{:.3g}"),
+    ]
+    notes = (
+        f"Every row {data['prompt_tokens']:,} prompt tokens, {data['weights']} weights, {data['dtype']}, "
+        f"{data['threads']} threads."
+    )
+    return notes + "\n\n" + columns_table(columns, data["rows"])

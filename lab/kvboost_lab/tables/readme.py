@@ -15,7 +15,7 @@ from typing import Any
 
 from kvboost_rag.config import RepairConfig
 
-from .decode import decode, decode_peers, retrieval_ceiling, retrieval_nq, sparse_decode_choice, step_rows
+from .decode import batch_step, decode, decode_peers, retrieval_ceiling, retrieval_nq, sparse_decode_choice, step_rows
 from .format import Column, columns_table, em_diff_with_interval, get
 from .quality import attention, dtype, eval_summary, multiturn, selection, ttft, verify, where
 from .serving import serving
@@ -43,6 +43,7 @@ HEADLINE_ORDER = ("full", "default", "strangers-as-alone", "nearest", "plain")  
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
     "bench_serving": serving,
+    "bench_batch_step": batch_step,
     "bench_step_rows": step_rows,
     "bench_decode_peers": decode_peers,  # before "bench_decode": the first matching prefix renders
     "bench_decode": decode,
