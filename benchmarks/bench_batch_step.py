@@ -56,7 +56,7 @@ def main() -> None:
         logits = forward_last_logits(model, tokens, torch.arange(len(ids)).view(1, -1), cache)
         prefilled.append((cache, int(logits.argmax())))
     config = model.config.get_text_config(decoder=True)
-    dtype = next(model.parameters()).dtype
+    dtype = prefilled[0][0].layers[0].keys.dtype  # the cache's (the model's first parameter may be packed)
     results = []
     for rows in args.rows:
         caches = [copy.deepcopy(cache) for cache, _ in prefilled[:rows]]

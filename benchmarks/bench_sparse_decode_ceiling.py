@@ -37,9 +37,9 @@ class Window:
     def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
         if not self.tokens:
             return query.new_zeros(1, 1, query.shape[1], query.shape[3])
-        window = slice(keys.shape[2] - self.tokens, None)
-        decode_kv = decode_kv_for(layer, keys)
-        float_window = None if decode_kv is None else (decode_kv[0][:, :, window], values[:, :, window])
+        window = slice(keys.shape[2] - self.tokens, keys.shape[2])
+        decode_kv = decode_kv_for(layer, keys)  # the values a dense step reads, so the window rounds alike
+        float_window = None if decode_kv is None else (decode_kv[0][:, :, window], decode_kv[1][:, :, window])
         return single_query_attention(query, keys[:, :, window], values[:, :, window], scale, float_window)
 
     def forget(self) -> None:

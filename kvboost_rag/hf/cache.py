@@ -28,7 +28,8 @@ class GrowingLayer(DynamicLayer):
     DynamicLayer concatenates: every decode step copies the layer's whole cache to add one token,
     so a step's cost grows with the prompt beyond reading it. Here a step writes its token and
     the cache is a view of the buffer; the buffer doubles when full (amortized O(1) per token).
-    Float32 copies are kept beside 16-bit keys and values once asked for (`decode_kv`).
+    Float32 copies are kept beside 16-bit keys, and values below FLOAT_VALUES_BELOW_TOKENS, once
+    a decode step asks for them (`decode_kv`).
     """
 
     def __init__(self) -> None:
@@ -107,11 +108,14 @@ class GrowingLayer(DynamicLayer):
             (*keys.shape[:-2], capacity, keys.shape[-1]),
             (*values.shape[:-2], capacity, values.shape[-1]),
         )
+        key_buffer, value_buffer = keys.new_empty(shape_k), values.new_empty(shape_v)
+        copied = 0
+        if self._key_buffer is not None and self._value_buffer is not None:  # set together
+            copied = self._length
+            key_buffer[..., :copied, :].copy_(self._key_buffer[..., :copied, :])
+            value_buffer[..., :copied, :].copy_(self._value_buffer[..., :copied, :])
         # values past the cache are read with weight zero by a decode step (`decode_kv`): finite
-        key_buffer, value_buffer = keys.new_empty(shape_k), values.new_zeros(shape_v)
-        if self._key_buffer is not None and self._value_buffer is not None and self._length:  # set together
-            key_buffer[..., : self._length, :].copy_(self._key_buffer[..., : self._length, :])
-            value_buffer[..., : self._length, :].copy_(self._value_buffer[..., : self._length, :])
+        value_buffer[..., copied:, :].zero_()
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
         self._float_keys, self._float_values, self._float_length = None, None, 0  # made again when asked
 
@@ -124,7 +128,7 @@ class GrowingLayer(DynamicLayer):
         return keys, values
 
 
-# The cache of the forward pass this thread runs, for the attention path's float32 keys.
+# The cache of the forward pass this thread runs, for the attention path's float32 copies (`decode_kv`).
 ACTIVE_CACHE: ContextVar[DynamicCache | None] = ContextVar("kvboost_active_cache", default=None)
 
 
