@@ -78,8 +78,7 @@ def _layer(
     value = value.view(rows, 1, kv_heads, head_dim).transpose(1, 2)
     query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
     kv.append(index, key, value, slots)
-    wide = kv.float_keys.numel() > 0
-    keys = (kv.float_keys if wide else kv.keys)[index, :rows, :, :width]
+    keys = (kv.float_keys if kv.float_keys.numel() else kv.keys)[index, :rows, :, :width]
     values = kv.values[index, :rows, :, :width]  # in their own dtype (see the module's note)
     grouped = (query.float() * step.scale).reshape(rows, kv_heads, heads // kv_heads, head_dim)
     probs = torch.matmul(grouped, keys.transpose(2, 3)).add_(mask).softmax(dim=-1)

@@ -64,6 +64,8 @@ class GrowingLayer(DynamicLayer):
             self._float_keys = torch.empty(self._key_buffer.shape, dtype=torch.float32, device=self._key_buffer.device)
             if self._length < FLOAT_VALUES_BELOW_TOKENS:
                 self._float_values = self._value_buffer.new_empty(self._value_buffer.shape, dtype=torch.float32)
+            else:  # the whole buffer is read, its slots past the cache weighted by zero: make them finite
+                self._value_buffer[..., self._length :, :].zero_()
             self._float_length = 0
         if self._float_length < self._length:
             done, end = self._float_length, self._length
@@ -109,13 +111,9 @@ class GrowingLayer(DynamicLayer):
             (*values.shape[:-2], capacity, values.shape[-1]),
         )
         key_buffer, value_buffer = keys.new_empty(shape_k), values.new_empty(shape_v)
-        copied = 0
-        if self._key_buffer is not None and self._value_buffer is not None:  # set together
-            copied = self._length
-            key_buffer[..., :copied, :].copy_(self._key_buffer[..., :copied, :])
-            value_buffer[..., :copied, :].copy_(self._value_buffer[..., :copied, :])
-        # values past the cache are read with weight zero by a decode step (`decode_kv`): finite
-        value_buffer[..., copied:, :].zero_()
+        if self._key_buffer is not None and self._value_buffer is not None and self._length:  # set together
+            key_buffer[..., : self._length, :].copy_(self._key_buffer[..., : self._length, :])
+            value_buffer[..., : self._length, :].copy_(self._value_buffer[..., : self._length, :])
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
         self._float_keys, self._float_values, self._float_length = None, None, 0  # made again when asked
 

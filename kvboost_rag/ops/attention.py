@@ -79,7 +79,7 @@ def weighted_values(probs: torch.Tensor, values: torch.Tensor, length: int, dtyp
     fp32 values, else in the values' dtype over their whole buffer where it is longer (the
     probabilities padded with zeros: a bf16 product over a view of a buffer is slow on a CPU)."""
     if values.dtype == torch.float32:
-        return torch.matmul(probs, values[..., :length, :]).to(dtype)
+        return torch.matmul(probs, values).to(dtype)
     if values.shape[-2] > length:
         padded = probs.new_zeros(*probs.shape[:-1], values.shape[-2], dtype=values.dtype)
         padded[..., :length].copy_(probs)
