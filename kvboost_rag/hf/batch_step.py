@@ -29,7 +29,7 @@ import torch
 
 from ..ops.attention import weighted_values
 from .batch_kv import BatchKV
-from .int4_linear import INT4_MAX_ROWS, Int4Linear
+from .int4_linear import INT4_MAX_ROWS, Int4Linear, Int4Product
 from .lean_step import LeanLayer, LeanStep, _rms_norm, _rotary_tables, _rotate
 
 
@@ -96,6 +96,6 @@ def _in_parts(linear: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor
     """`linear(rows)`, in parts of at most INT4_MAX_ROWS rows: the int4 kernel's products for a
     few rows are each row's own (a row's numbers do not depend on the rows beside it), so a batch
     keeps its rows' sequential answers to the bit, and is faster than the dense weight at 8 rows."""
-    if rows.shape[0] <= INT4_MAX_ROWS or not isinstance(getattr(linear, "__self__", linear), Int4Linear):
+    if rows.shape[0] <= INT4_MAX_ROWS or not isinstance(linear, (Int4Product, Int4Linear)):
         return linear(rows)
     return torch.cat([linear(part) for part in rows.split(INT4_MAX_ROWS)])

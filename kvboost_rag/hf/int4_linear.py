@@ -24,8 +24,9 @@ from .fingerprint import WEIGHT_FORMAT, remember_weight_digest, weight_format
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 INT4_MAX_ROWS = 4  # more rows go to the dense weight where one is kept (see `Int4Linear`)
-# Looked up once: a decode step calls it 120-210 times. None in a torch without it (`int4_supported`).
-_INT4_MM: Any = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
+# Looked up once, as its one overload (the packet's Python dispatch is ~1 us a call): a decode step
+# calls it 120-210 times. None in a torch without it (`int4_supported`).
+_INT4_MM: Any = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,33 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None and x.numel() > INT4_MAX_ROWS * self.in_features:
             return self.dense(x)
+        return self.decode_product()(x)
+
+    def decode_product(self) -> Int4Product:
+        """This layer's int4 product with its tensors bound, for a decode step's few rows."""
+        packed, scales = self.packed_weight, self.scales_and_zeros
+        assert isinstance(packed, torch.Tensor) and isinstance(scales, torch.Tensor)  # buffers, set in `_hold`
+        return Int4Product(packed, scales, self.group_size, self.in_features, self.out_features, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Product:
+    """An int4 layer's product of any rows, its tensors held as plain fields: what a decode step
+    calls (`hf.lean_step`), without a module's attribute lookups and dense branch on each of its
+    120 calls (15.1 against 14.3 ms a step at 512 tokens; docs/research-log.md, "Issue 33, third
+    pass"). It reads the tensors the layer held when it was made."""
+
+    packed_weight: torch.Tensor
+    scales_and_zeros: torch.Tensor
+    group_size: int
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.bfloat16:
             rows = rows.to(torch.bfloat16)
@@ -107,9 +135,6 @@ class Int4Linear(nn.Module):
             out = out.to(x.dtype)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
 
 
 def fused_int4(layers: list[Any]) -> Int4Linear | None:

@@ -26,16 +26,15 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ..ops.attention import single_query_attention, single_query_on_matmuls
+from ..ops.attention import SDPA_GROUPS, single_query_attention, single_query_on_matmuls
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .attention import REUSE_ATTENTION
 from .cache import GrowingLayer, forward_last_logits
-from .int4_linear import fused_int4
+from .int4_linear import Int4Linear, fused_int4
 
 log = logging.getLogger(__name__)
 
 LEAN_MODEL_TYPES = {"llama", "mistral", "qwen2"}
-_SDPA_GROUPS = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)  # sdpa's enable_gqa
 # Each model's step, made at its first decode step; beside the model, not on it (a model given
 # with `adapt_model=False` keeps its attributes as they were).
 _LEAN_STEPS: weakref.WeakKeyDictionary[Any, LeanStep | None] = weakref.WeakKeyDictionary()
@@ -76,24 +75,7 @@ class LeanStep:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scale = base.layers[0].self_attn.scaling
         self.config = config
-        self.layers = [
-            LeanLayer(
-                layer.input_layernorm.weight,
-                layer.input_layernorm.variance_epsilon,
-                _called(layer.self_attn.q_proj),
-                _called(layer.self_attn.k_proj),
-                _called(layer.self_attn.v_proj),
-                _called(layer.self_attn.o_proj),
-                layer.post_attention_layernorm.weight,
-                layer.post_attention_layernorm.variance_epsilon,
-                _called(layer.mlp.gate_proj),
-                _called(layer.mlp.up_proj),
-                _called(layer.mlp.down_proj),
-                _fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                _fused(layer.mlp.gate_proj, layer.mlp.up_proj),
-            )
-            for layer in base.layers
-        ]
+        self.layers = [_lean_layer(layer) for layer in base.layers]
         self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
 
     @torch.inference_mode()
@@ -121,27 +103,27 @@ class LeanStep:
         engine_attention: bool,
     ) -> torch.Tensor:
         normed = _rms_norm(hidden, layer.input_norm, layer.input_eps)
+        # rotary in the projections' layout [1, 1, heads, d] (cos and sin broadcast over heads)
         if layer.qkv_proj is not None:  # one call; rotary on q and k together (elementwise: the same numbers)
             qkv = layer.qkv_proj(normed)
             both = qkv[..., : self.q_size + self.kv_size].view(1, 1, self.heads + self.kv_heads, self.head_dim)
-            both = _rotate(both.transpose(1, 2), cos, sin).transpose(1, 2)
+            both = _rotate(both, cos, sin)
             query, key = both[:, :, : self.heads].transpose(1, 2), both[:, :, self.heads :].transpose(1, 2)
             value = qkv[..., self.q_size + self.kv_size :].view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
         else:
-            query = layer.q_proj(normed).view(1, 1, self.heads, self.head_dim).transpose(1, 2)
-            key = layer.k_proj(normed).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            query = _rotate(layer.q_proj(normed).view(1, 1, self.heads, self.head_dim), cos, sin).transpose(1, 2)
+            key = _rotate(layer.k_proj(normed).view(1, 1, self.kv_heads, self.head_dim), cos, sin).transpose(1, 2)
             value = layer.v_proj(normed).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
         keys, values = kv.update(key, value)
         if engine_attention and single_query_on_matmuls(query):
             decode_kv = kv.decode_kv() if isinstance(kv, GrowingLayer) else None
             attended = single_query_attention(query, keys, values, self.scale, decode_kv)
         else:
-            if not _SDPA_GROUPS and self.heads != self.kv_heads:  # torch < 2.5: repeat K/V per query head
+            if not SDPA_GROUPS and self.heads != self.kv_heads:  # torch < 2.5: repeat K/V per query head
                 repeats = self.heads // self.kv_heads
                 keys, values = keys.repeat_interleave(repeats, dim=1), values.repeat_interleave(repeats, dim=1)
             sdpa = torch.nn.functional.scaled_dot_product_attention
-            if _SDPA_GROUPS:
+            if SDPA_GROUPS:
                 attended = sdpa(query, keys, values, scale=self.scale, enable_gqa=True).transpose(1, 2)
             else:
                 attended = sdpa(query, keys, values, scale=self.scale).transpose(1, 2)
@@ -158,20 +140,45 @@ class LeanStep:
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' Llama RMSNorm (normalized in fp32, scaled in the input's dtype) in one fused
     operator where it had five: the same numbers (tests/test_lean_step.py compares to the bit)."""
-    normed = torch.nn.functional.rms_norm(hidden.float(), (hidden.shape[-1],), eps=eps)
+    normed = torch.rms_norm(hidden.float(), (hidden.shape[-1],), eps=eps)
     return weight * normed.to(hidden.dtype)
+
+
+def _lean_layer(layer: Any) -> LeanLayer:
+    attention, mlp = layer.self_attn, layer.mlp
+    # fused first: the parts then read views of the fused weight, and their products bind those
+    qkv_proj = _fused(attention.q_proj, attention.k_proj, attention.v_proj)
+    gate_up_proj = _fused(mlp.gate_proj, mlp.up_proj)
+    return LeanLayer(
+        layer.input_layernorm.weight,
+        layer.input_layernorm.variance_epsilon,
+        _called(attention.q_proj),
+        _called(attention.k_proj),
+        _called(attention.v_proj),
+        _called(attention.o_proj),
+        layer.post_attention_layernorm.weight,
+        layer.post_attention_layernorm.variance_epsilon,
+        _called(mlp.gate_proj),
+        _called(mlp.up_proj),
+        _called(mlp.down_proj),
+        qkv_proj,
+        gate_up_proj,
+    )
 
 
 def _fused(*modules: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     fused = None if any(_called(m) is m for m in modules) else fused_int4(list(modules))
-    return None if fused is None else fused.forward
+    return None if fused is None else fused.decode_product()
 
 
 def _called(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The module's forward itself where no hook would run around it (one step makes 120-210
-    such calls; `nn.Module.__call__` adds its hook checks to each), else the module."""
+    """What a step calls for the module: where no hook would run around it (one step makes
+    120-210 such calls; `nn.Module.__call__` adds its hook checks to each), an int4 layer's
+    product (`Int4Product`) or the module's forward itself; else the module."""
     hooks = (module._forward_hooks, module._forward_pre_hooks, torch.nn.modules.module._global_forward_hooks)
-    return module if any(hooks) or torch.nn.modules.module._global_forward_pre_hooks else module.forward
+    if any(hooks) or torch.nn.modules.module._global_forward_pre_hooks:
+        return module
+    return module.decode_product() if isinstance(module, Int4Linear) else module.forward
 
 
 def _rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

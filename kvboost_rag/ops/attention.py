@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+SDPA_GROUPS = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)  # sdpa's enable_gqa
 
 def position_mask(query_positions: torch.Tensor, slot_positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Exact causal mask by position, for slots not in position order: [1, 1, q, kv].
@@ -56,19 +57,27 @@ def single_query_attention(
     decode_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One new token per sequence, queries [b, heads, 1, d], over every cached K/V [b, kv_heads,
-    n, d] (no mask: a decode step sees the whole cache): two matmuls per key/value head group.
-    `decode_kv`: the keys already in float32 and the values in float32 or as their whole buffer
-    [b, kv_heads, >= n, d] (slots past n finite: they are weighted by zero), where the caller
-    keeps them (`hf.cache.GrowingLayer.decode_kv`).
+    n, d] (no mask: a decode step sees the whole cache). `decode_kv`: the keys already in float32
+    and the values in float32 or as their whole buffer [b, kv_heads, >= n, d] (slots past n
+    finite: they are weighted by zero), where the caller keeps them
+    (`hf.cache.GrowingLayer.decode_kv`).
 
     Scores and softmax in fp32, as sdpa's kernels keep them, so a reduced-precision decode step
-    reads the same attention; on a CPU, sdpa's flash kernel takes one bf16 query 3-6x longer
-    (0.40 against 0.12 ms a layer at 700 keys, 4.9 against 0.87 ms at 8,000, on 2 AVX-512 cores;
-    docs/research-log.md, "Issue 15, third pass"). Returns [b, 1, heads, d].
+    reads the same attention. Over fp32 K/V, sdpa's kernel on an fp32 query: one operator where
+    the products take five (a step of the default model at 512 tokens 14.2 against 14.8 ms, 2
+    AVX-512 cores; docs/research-log.md, "Issue 33, third pass"). Over 16-bit K/V, two matmuls
+    per key/value head group: sdpa's kernel takes one bf16 query 3-6x longer there (0.40 against
+    0.12 ms a layer at 700 keys, 4.9 against 0.87 ms at 8,000; "Issue 15, third pass").
+    Returns [b, 1, heads, d] in the values' dtype.
     """
     batch, heads, _, head_dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     keys, values = (key, value) if decode_kv is None else decode_kv
+    if SDPA_GROUPS and keys.dtype == torch.float32 and values.dtype == torch.float32:
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            query.float(), keys, values, scale=scale, enable_gqa=True
+        )
+        return attended.to(value.dtype).transpose(1, 2)
     grouped = (query.float() * scale).reshape(batch, kv_heads, heads // kv_heads, head_dim)
     probs = torch.matmul(grouped, keys.transpose(2, 3).float()).softmax(dim=-1)  # no copy if fp32 already
     return weighted_values(probs, values, length, value.dtype).reshape(batch, 1, heads, value.shape[-1])
