@@ -6,6 +6,7 @@ import torch
 
 SDPA_GROUPS = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)  # sdpa's enable_gqa
 
+
 def position_mask(query_positions: torch.Tensor, slot_positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Exact causal mask by position, for slots not in position order: [1, 1, q, kv].
 
