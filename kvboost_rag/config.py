@@ -22,6 +22,9 @@ MODES: tuple[Mode, ...] = ("full", "prefix", "reuse")
 CHUNKING_STRATEGIES: tuple[ChunkingStrategy, ...] = ("fixed", "semantic", "adaptive")
 REPAIR_STRATEGIES: tuple[RepairStrategy, ...] = ("none", "boundary", "cacheblend")
 QUANTIZATIONS: tuple[Quantization | None, ...] = (None, "int8", "int4")
+# A draft and its last token are verified as rows of one pass; the int4 kernel's rows are each
+# row's own up to 4 rows (`hf.int4_linear.INT4_MAX_ROWS`), so a pass's logits are those of its steps.
+MAX_DRAFT_TOKENS = 3
 # `EngineConfig.store` value that keeps chunks in this process's memory only.
 MEMORY_ONLY = "memory"
 
@@ -200,6 +203,9 @@ class EngineConfig:
     repair: RepairConfig = field(default_factory=RepairConfig)
     exactness: ExactnessConfig = field(default_factory=ExactnessConfig)
     sparse_decode: SparseDecodeConfig = field(default_factory=SparseDecodeConfig)
+    # Tokens drafted from the prompt and verified in one pass while a request decodes alone on a
+    # CPU (`engine.speculation`): the same answer in fewer passes; 0 switches drafting off.
+    draft_tokens: int = 3
     # Text encoded before every warmed document (its KV is not kept), so a document's first
     # tokens do not become an attention sink; "" encodes each document alone from position 0.
     warm_prefix: str = ""
@@ -225,6 +231,8 @@ class EngineConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.kv_quantization not in QUANTIZATIONS:
             raise ValueError(f"kv_quantization must be None, 'int8' or 'int4', got {self.kv_quantization!r}")
+        if not isinstance(self.draft_tokens, int) or not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {self.draft_tokens!r}")
         if self.memory_budget_bytes < 0:
             raise ValueError("memory_budget_bytes must be >= 0")
         if self.disk_budget_bytes is not None and self.disk_budget_bytes < 0:

@@ -116,6 +116,12 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         SparseDecodeConfig,
         "Sparse decode for long prompts: each new token attends to selected KV pages (off by default).",
     ),
+    _engine(
+        "draft_tokens",
+        int,
+        "Tokens drafted from the prompt and verified in one pass while a request decodes alone (the same "
+        "answer in fewer passes); 0 switches drafting off.",
+    ),
     _engine("warm_prefix", str, "Text encoded before every warmed document, its KV not kept."),
     _engine("kv_quantization", Quantization, 'Warmed chunks kept quantized, "int8" or "int4"; None keeps them as is.'),
     _engine(

@@ -4,7 +4,10 @@ After the prefill, each step first asks the exactness policy whether the answer 
 from exact KV (`ExactnessConfig`): with `refresh` from the second token, and before any
 near-tie is taken on moved KV (how near, the step reads off the logits: `DecodeObserver.lead`).
 An observer sees every step, so evaluations and tests watch the loop through a public seam
-instead of patching it. The text grows by incremental detokenization (`detokenize`).
+instead of patching it. The text grows by incremental detokenization (`detokenize`). Where the
+answer's last tokens appeared before, the tokens that followed them are verified in one pass
+(`speculation`): the loop then samples several tokens from one pass, the same tokens it would
+have sampled one step at a time.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..hf.cache import forward_last_logits, make_cache
-from ..hf.lean_step import decode_step_logits
+from ..hf.cache import drop_last_tokens, forward_last_logits, make_cache
+from ..hf.lean_step import decode_step_logits, lean_step_for
 from ..ops.logits import top_margin
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .batching import STEP, StepBatcher
@@ -25,6 +28,7 @@ from .compute import Compute
 from .detokenize import Detokenizer
 from .request import Request
 from .sampling import sample_token
+from .speculation import Drafted, PromptLookup
 from .stops import find_stop, held_back
 
 
@@ -52,13 +56,16 @@ class DecodeObserver:
 class Decoder:
     """Runs the decode loop of requests on one model; their steps run in the batch (`batching.py`)."""
 
-    def __init__(self, model: Any, tokenizer: Any, compute: Compute, stop_ids: set[int]) -> None:
+    def __init__(self, model: Any, tokenizer: Any, compute: Compute, stop_ids: set[int], draft_tokens: int = 0) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.compute = compute
         self.stop_ids = stop_ids
         self.device = next(model.parameters()).device
         self.batcher = StepBatcher(model, compute)  # concurrent requests step together
+        # tokens drafted a pass (`speculation`): on a CPU, where it is measured, for models that
+        # take the lean step where its rows give each step's logits to the bit (`rows_match_steps`)
+        self.draft_tokens = draft_tokens if self.device.type == "cpu" else 0
 
     def run(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[Any]:
         """Text deltas until an end-of-sequence token, a stop string, `max_new` tokens or the
@@ -69,6 +76,7 @@ class Decoder:
             yield from self._steps(request, max_new, observer)
         finally:
             self.batcher.leave(request)
+            self.drop_drafted(request)  # the cache holds the answer's tokens and no draft
 
     def _steps(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[Any]:
         observer.on_prefill(request)
@@ -108,7 +116,7 @@ class Decoder:
                 break
             if not request.exact and request.exactness.refresh:
                 continue  # the next token comes from exact KV: a step on moved KV would be wasted
-            yield from self.step(request)
+            yield from self.step(request, max_new - len(request.generated))
         if len(request.text) > request.emitted:
             yield request.text[request.emitted :]
             request.emitted = len(request.text)
@@ -125,6 +133,7 @@ class Decoder:
     def go_exact(self, request: Request) -> None:
         """Recompute the prompt and the answer so far as full prefill would, and go on from there."""
         started = time.perf_counter()
+        request.drafted = None  # the new cache holds no draft
         request.cache, request.slot_positions, request.logits = self.exact_prefill(request.tokens, request.generated)
         request.exact, request.exact_end, request.exact_from = True, len(request.tokens), len(request.generated)
         request.recomputed_tokens += len(request.tokens) + len(request.generated)
@@ -153,17 +162,61 @@ class Decoder:
         delta, request.emitted = text[request.emitted : safe], safe
         return delta
 
-    def step(self, request: Request) -> Iterator[Any]:
+    def step(self, request: Request, room: int) -> Iterator[Any]:
         """One forward pass of the last token, over the request's cache: with the other running
-        requests (`STEP`: the batch runs it), or here while decode-time KV retrieval runs."""
+        requests (`STEP`: the batch runs it), or here while decode-time KV retrieval runs; none
+        where a verified draft holds the logits already, or a pass over a new draft (`room`: how
+        many tokens the answer may still take)."""
         if request.sparse_decode is None:
-            yield STEP
+            if not self.take_drafted(request) and not self.verify_draft(request, room):
+                yield STEP
             return
         retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
         try:
             request.logits = self.compute.run(self.batcher.step_alone, request)
         finally:
             ACTIVE_SPARSE_DECODE.reset(retrieving)
+
+    def take_drafted(self, request: Request) -> bool:
+        """The logits after the last token, where a verified draft holds them; a draft the answer
+        parted from is dropped, its K/V with it."""
+        if request.drafted is None:
+            return False
+        logits = request.drafted.take(request.generated[-1])
+        if logits is None:
+            self.drop_drafted(request)
+            return False
+        request.logits = logits
+        request.accepted_tokens += 1
+        return True
+
+    def drop_drafted(self, request: Request) -> None:
+        drafted, request.drafted = request.drafted, None
+        if drafted is not None and drafted.tokens:
+            drop_last_tokens(request.cache, len(drafted.tokens))
+
+    def verify_draft(self, request: Request, room: int) -> bool:
+        """A pass over the last token and the draft that follows it, while the request decodes
+        alone: the logits after each (`speculation`); False where nothing was drafted."""
+        if not self.draft_tokens or room < 2 or self.batcher.running > 1:
+            return False
+        if request.lookup is None:
+            request.lookup = PromptLookup([int(t) for t in request.tokens])
+        lookup = request.lookup
+        lookup.extend(request.generated[len(lookup.tokens) - len(request.tokens) :])
+        draft = lookup.draft(min(self.draft_tokens, room - 1))
+        step = lean_step_for(self.model)
+        if not draft or step is None or not step.rows_match_steps(len(draft) + 1):
+            return False
+        self.batcher.leave(request)  # its K/V back in its own cache, where a batch row held them
+        last = request.next_position - 1
+        tokens = torch.tensor([request.generated[-1], *draft], device=self.device)
+        positions = torch.arange(last, last + len(tokens), device=self.device)
+        rows = self.compute.run(step.rows, tokens, positions, request.cache)
+        request.logits = rows[0]
+        request.drafted = Drafted(draft, list(rows[1:]))
+        request.drafted_tokens += len(draft)
+        return True
 
     def exact_prefill(self, tokens: np.ndarray, generated: list[int]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """The cache and next-token logits full prefill would have after `generated`: the same

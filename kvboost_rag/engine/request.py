@@ -14,6 +14,7 @@ from ..ops.sparse_decode import SparseDecode
 from ..plan.matching import ReusePlan
 from .result import FinishReason, GenerationResult, StageTimings
 from .sampling import SamplingParams
+from .speculation import Drafted, PromptLookup
 
 
 @dataclass(slots=True)
@@ -49,6 +50,10 @@ class Request:
     ttft_s: float = 0.0
     second_token_s: float | None = None  # from the call to the second sampled token
     sparse_decode: SparseDecode | None = None  # decode steps attend to selected pages (long prompts)
+    lookup: PromptLookup | None = None  # the prompt and the answer, indexed for drafts (`speculation`)
+    drafted: Drafted | None = None  # a verified draft's tokens not yet sampled, and their logits
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens the answer took: each a forward pass saved
 
     @property
     def next_position(self) -> int:
@@ -83,4 +88,6 @@ class Request:
             token_ids=self.generated,
             first_logits=self.first_logits,
             sparse_decode=self.sparse_decode.stats if self.sparse_decode is not None else None,
+            drafted_tokens=self.drafted_tokens,
+            accepted_tokens=self.accepted_tokens,
         )

@@ -50,6 +50,8 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     first_logits: Any = None  # fp32 logits of the first token, when asked for
     sparse_decode: SparseDecodeStats | None = None  # sparse decode's counts, where it ran (SparseDecodeConfig)
+    drafted_tokens: int = 0  # tokens drafted from the prompt and verified (EngineConfig.draft_tokens)
+    accepted_tokens: int = 0  # ... that the answer took: each a forward pass saved
 
     @property
     def repair_share(self) -> float:

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from ..ops.attention import SDPA_GROUPS, single_query_attention, single_query_on_matmuls
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .attention import REUSE_ATTENTION
-from .cache import GrowingLayer, forward_last_logits
+from .cache import GrowingLayer, forward_last_logits, make_cache
 from .int4_linear import Int4Linear, fused_int4
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,22 @@ class LeanStep:
         self.config = config
         self.layers = [_lean_layer(layer) for layer in base.layers]
         self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.device = base.embed_tokens.weight.device
+        self._rows_exact: dict[int, bool] = {}  # by row count (`rows_match_steps`)
 
     @torch.inference_mode()
     def __call__(self, token: torch.Tensor, position: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        hidden = self.embed(token.view(1, 1))
-        cos, sin = _rotary_tables(*self.rotary(hidden, position.view(1, 1)))
+        return self.rows(token.view(1), position.view(1), cache)[0]
+
+    @torch.inference_mode()
+    def rows(self, tokens: torch.Tensor, positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """float32 logits [n, vocab] after each of `tokens` [n] at `positions` [n] (consecutive,
+        after the cache's last): a draft's verification (`engine.speculation`). Row i attends over
+        the cache up to its own token, through the same calls as a step of one token, so its
+        logits are those n steps one at a time would give (tests/test_speculation.py)."""
+        count = tokens.shape[0]
+        hidden = self.embed(tokens.view(1, count))
+        cos, sin = _rotary_tables(*self.rotary(hidden, positions.view(1, count)))
         # The attention the model's forward would run: the engine's for one 16-bit query on a CPU
         # where the model was switched to it (`hf.attention`), sdpa's otherwise.
         engine_attention = getattr(self.config, "_attn_implementation", None) == REUSE_ATTENTION
@@ -91,7 +102,25 @@ class LeanStep:
                 cache.layers.append(GrowingLayer())
             hidden = self._layer(layer, hidden, cos, sin, cache.layers[index], engine_attention)
         hidden = _rms_norm(hidden, self.final_norm, self.final_eps)
-        return self.head(hidden)[0, -1].float()
+        return self.head(hidden)[0].float()
+
+    def rows_match_steps(self, count: int) -> bool:
+        """Whether a pass of `count` rows gives each row the logits of its own one-token step, to
+        the bit, here: a linear layer's kernel may sum in another order for more rows (fp32
+        `nn.Linear` does; the int4 products and oneDNN's bf16 ones do not). Probed once per
+        count, on a short sequence (attention runs per row whatever the kernels)."""
+        if count not in self._rows_exact:
+            tokens = torch.arange(11, 19 + count, device=self.device)
+            positions = torch.arange(len(tokens), device=self.device)
+            prefix, probed = make_cache(), make_cache()
+            self.rows(tokens[:8], positions[:8], prefix)
+            self.rows(tokens[:8], positions[:8], probed)
+            together = self.rows(tokens[8:], positions[8:], probed)
+            alone = [self(tokens[i : i + 1], positions[i : i + 1], prefix) for i in range(8, len(tokens))]
+            self._rows_exact[count] = torch.equal(together, torch.stack(alone))
+            if not self._rows_exact[count]:
+                log.info("a pass of %d rows does not give each step's logits here: no drafts of that length", count)
+        return self._rows_exact[count]
 
     def _layer(
         self,
@@ -102,32 +131,30 @@ class LeanStep:
         kv: Any,
         engine_attention: bool,
     ) -> torch.Tensor:
+        count = hidden.shape[1]
         normed = _rms_norm(hidden, layer.input_norm, layer.input_eps)
-        # rotary in the projections' layout [1, 1, heads, d] (cos and sin broadcast over heads)
+        # rotary in the projections' layout [1, n, heads, d] (cos and sin broadcast over heads)
         if layer.qkv_proj is not None:  # one call; rotary on q and k together (elementwise: the same numbers)
             qkv = layer.qkv_proj(normed)
-            both = qkv[..., : self.q_size + self.kv_size].view(1, 1, self.heads + self.kv_heads, self.head_dim)
+            both = qkv[..., : self.q_size + self.kv_size].view(1, count, self.heads + self.kv_heads, self.head_dim)
             both = _rotate(both, cos, sin)
             query, key = both[:, :, : self.heads].transpose(1, 2), both[:, :, self.heads :].transpose(1, 2)
-            value = qkv[..., self.q_size + self.kv_size :].view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            value = qkv[..., self.q_size + self.kv_size :].view(1, count, self.kv_heads, self.head_dim).transpose(1, 2)
         else:
-            query = _rotate(layer.q_proj(normed).view(1, 1, self.heads, self.head_dim), cos, sin).transpose(1, 2)
-            key = _rotate(layer.k_proj(normed).view(1, 1, self.kv_heads, self.head_dim), cos, sin).transpose(1, 2)
-            value = layer.v_proj(normed).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            query = _rotate(layer.q_proj(normed).view(1, count, self.heads, self.head_dim), cos, sin).transpose(1, 2)
+            key = _rotate(layer.k_proj(normed).view(1, count, self.kv_heads, self.head_dim), cos, sin).transpose(1, 2)
+            value = layer.v_proj(normed).view(1, count, self.kv_heads, self.head_dim).transpose(1, 2)
         keys, values = kv.update(key, value)
-        if engine_attention and single_query_on_matmuls(query):
-            decode_kv = kv.decode_kv() if isinstance(kv, GrowingLayer) else None
-            attended = single_query_attention(query, keys, values, self.scale, decode_kv)
-        else:
-            if not SDPA_GROUPS and self.heads != self.kv_heads:  # torch < 2.5: repeat K/V per query head
-                repeats = self.heads // self.kv_heads
-                keys, values = keys.repeat_interleave(repeats, dim=1), values.repeat_interleave(repeats, dim=1)
-            sdpa = torch.nn.functional.scaled_dot_product_attention
-            if SDPA_GROUPS:
-                attended = sdpa(query, keys, values, scale=self.scale, enable_gqa=True).transpose(1, 2)
-            else:
-                attended = sdpa(query, keys, values, scale=self.scale).transpose(1, 2)
-        hidden = hidden + layer.o_proj(attended.reshape(1, 1, -1))
+        if count == 1:
+            attended = self._attend(query, keys, values, kv, engine_attention)
+        else:  # each row over the cache up to its own token, as its own step would attend
+            first_end = keys.shape[2] - count + 1
+            rows = [
+                self._attend(query[:, :, row : row + 1], keys, values, kv, engine_attention, first_end + row)
+                for row in range(count)
+            ]
+            attended = torch.cat(rows, dim=1)
+        hidden = hidden + layer.o_proj(attended.reshape(1, count, -1))
         normed = _rms_norm(hidden, layer.post_norm, layer.post_eps)
         if layer.gate_up_proj is not None:
             gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
@@ -135,6 +162,29 @@ class LeanStep:
             gate, up = layer.gate_proj(normed), layer.up_proj(normed)
         gated = torch.nn.functional.silu(gate) * up
         return hidden + layer.down_proj(gated)
+
+    def _attend(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        kv: Any,
+        engine_attention: bool,
+        end: int | None = None,
+    ) -> torch.Tensor:
+        """One query [1, heads, 1, d] over the cache's first `end` slots (all: None): [1, 1, heads, d]."""
+        if end is not None:
+            keys, values = keys[:, :, :end], values[:, :, :end]
+        if engine_attention and single_query_on_matmuls(query):
+            decode_kv = kv.decode_kv(end) if isinstance(kv, GrowingLayer) else None
+            return single_query_attention(query, keys, values, self.scale, decode_kv)
+        if not SDPA_GROUPS and self.heads != self.kv_heads:  # torch < 2.5: repeat K/V per query head
+            repeats = self.heads // self.kv_heads
+            keys, values = keys.repeat_interleave(repeats, dim=1), values.repeat_interleave(repeats, dim=1)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if SDPA_GROUPS:
+            return sdpa(query, keys, values, scale=self.scale, enable_gqa=True).transpose(1, 2)
+        return sdpa(query, keys, values, scale=self.scale).transpose(1, 2)
 
 
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -182,10 +232,10 @@ def _called(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotary module's cos and sin [rows, 1, d] as [rows, 1, 1, d], the sine's first half
-    negated (`_rotate` reads it so)."""
+    """The rotary module's cos and sin [b, n, d] as [b, n, 1, d] (broadcast over heads), the
+    sine's first half negated (`_rotate` reads it so)."""
     half = sin.shape[-1] // 2
-    return cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+    return cos.unsqueeze(-2), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(-2)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""Prompt lookup: the answer's next tokens drafted from the prompt, verified in one pass.
+
+A RAG answer copies the documents it was given: names, dates, titles, whole phrases. Where the
+answer's last tokens appeared earlier (in the prompt or the answer so far), the tokens that
+followed them there are a draft of what comes next (prompt lookup decoding, as in transformers'
+`prompt_lookup_num_tokens` and vLLM's n-gram proposer). One forward pass over the last token and
+the draft gives the logits after each (`hf.lean_step.LeanStep.rows`); the decode loop samples
+from them one token at a time, as it would have, and a drafted token it sampled is a step saved.
+
+Each row of that pass reads the same calls as a step of one token (the int4 products' rows are
+each row's own, attention runs per row over the cache up to the row's token), so its logits are
+the ones the steps one at a time would give, to the bit: the answer is the same with or without
+drafts, greedy or sampled (tests/test_speculation.py). On the default model (int4, 2 AVX-512
+cores, 512 tokens) a pass of 3 rows took 1.46x a step of one and NQ answers took 1.7 tokens a
+pass (docs/research-log.md, "Issue 33, third pass"). A draft is drafted only while the request
+decodes alone: a batched step already shares its cost among requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+LOOKUP_NGRAMS = 3  # the longest run of last tokens looked up (then shorter ones)
+
+
+@dataclass(slots=True)
+class PromptLookup:
+    """Where each run of 1..LOOKUP_NGRAMS tokens of a sequence last ended: the draft of a step is
+    a dictionary lookup, never a scan of the prompt."""
+
+    tokens: list[int] = field(default_factory=list)
+    _ends: dict[tuple[int, ...], int] = field(default_factory=dict)
+    _indexed: int = 0  # runs ending at positions below this one are in `_ends`
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def draft(self, count: int) -> list[int]:
+        """Up to `count` tokens that followed the longest run matching the sequence's last tokens
+        where it appeared last before, no more than that run is long (a longer match is likelier
+        to go on; on NQ answers this drafted 1.30x faster than `count` tokens after any match, by
+        the step costs measured); none when no run of them appeared."""
+        end = len(self.tokens)
+        self._index(end - 1)  # every run but those ending at the last token, which would find itself
+        for size in range(min(LOOKUP_NGRAMS, end), 0, -1):
+            found = self._ends.get(tuple(self.tokens[end - size :]))
+            if found is not None:
+                return self.tokens[found : found + min(count, size)]
+        return []
+
+    def _index(self, upto: int) -> None:
+        """Index the runs ending before position `upto`."""
+        tokens, ends = self.tokens, self._ends
+        for stop in range(self._indexed + 1, upto + 1):  # runs tokens[stop - size : stop]
+            for size in range(1, min(LOOKUP_NGRAMS, stop) + 1):
+                ends[tuple(tokens[stop - size : stop])] = stop
+        self._indexed = max(self._indexed, upto)
+
+
+@dataclass(slots=True)
+class Drafted:
+    """The drafted tokens a pass verified, not yet sampled, and the logits after each."""
+
+    tokens: list[int]
+    logits: list[torch.Tensor]
+
+    def take(self, token: int) -> torch.Tensor | None:
+        """The logits after `token` if it is the next drafted one (it is then used up), else None."""
+        if not self.tokens or self.tokens[0] != token:
+            return None
+        self.tokens.pop(0)
+        return self.logits.pop(0)
