@@ -5,11 +5,14 @@ Per prompt length (NQ passages joined up to it, raw text, greedy, a fixed number
   default dtype (bf16 with native bf16, else fp32), sdpa; decode step = time between its
   next-token choices;
 - ours, float weights (`weights="float"`) and ours as users get it (`weights` left to the default:
-  int4 from the GGUF's Q4_1 blocks on a CPU), each with the lean step: full prefill's time, the
-  decode step, and the first token with reuse (the prompt's passages warmed, then given shuffled);
+  int4 from the GGUF's Q4_1 blocks on a CPU; drafts from the prompt, `draft_tokens`), and the
+  default without drafts, each with the lean step: full prefill's time, the decode time a token
+  (and the share of tokens taken from drafts), and the first token with reuse (the prompt's
+  passages warmed, then given shuffled);
 - llama.cpp: llama-server (`make llama-server`) on the same GGUF file, `/completion` with
   `cache_prompt` off (full prefill) and then on for the shuffled prompt after the original (its
-  prefix cache, the reuse it offers), its own timings.
+  prefix cache, the reuse it offers), its own timings; and llama-server with its n-gram drafts
+  (`--spec-type ngram-simple`, runs of 3 tokens looked up, 3 drafted: ours' sizes).
 Medians over --repeats. JSON: benchmarks/results/bench_decode_peers.json (or --out).
 """
 
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -74,6 +78,7 @@ def ours(engine: KVBoostRAG, parts: list[str], new_tokens: int, seed: int) -> di
         "ttft_reuse_s": reused.ttft_s,
         "reuse_step_s": step_s(reused),
         "reused_tokens": reused.reused_tokens,
+        "drafted_share": full.accepted_tokens / (full.new_tokens - 1),  # tokens a pass saved, per token
         # Repair and, where the first token was a near-tie, the exact prefill that verified it.
         "reuse_computed_tokens": reused.computed_tokens + reused.recomputed_tokens,
     }
@@ -82,9 +87,10 @@ def ours(engine: KVBoostRAG, parts: list[str], new_tokens: int, seed: int) -> di
 class LlamaServer:
     """llama-server on a GGUF file, on a free port, for the length of a `with`."""
 
-    def __init__(self, binary: Path, gguf: Path, threads: int, context: int) -> None:
+    def __init__(self, binary: Path, gguf: Path, threads: int, context: int, *extra: str) -> None:
         self.port = free_port()
         command = [str(binary), "-m", str(gguf), "-t", str(threads), "-c", str(context), "--port", str(self.port)]
+        command += extra
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def __enter__(self) -> LlamaServer:
@@ -149,17 +155,24 @@ def main() -> None:
     dtype = resolve_dtype(args.dtype)
     passages = [e.passages[0].as_document() for e in load_qa(limit=600)]
     plain = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=dtype).eval()
+    default = KVBoostRAG.from_pretrained(dtype=dtype, store="memory")
     engines = {
         "ours (float weights)": KVBoostRAG.from_pretrained(dtype=dtype, weights="float", store="memory"),
-        "ours (default)": KVBoostRAG.from_pretrained(dtype=dtype, store="memory"),
+        "ours (default)": default,
+        "ours (default, no drafts)": KVBoostRAG(
+            default.model, default.tokenizer, replace(default.config, draft_tokens=0), name=default.name
+        ),
     }
     tokenizer = engines["ours (default)"].tokenizer
     have_llama = args.llama_server.is_file()
     if not have_llama:
         print(f"no llama-server at {args.llama_server} (make llama-server): llama.cpp left out")
     rows = []
-    serving = LlamaServer(args.llama_server, default_model_gguf(), args.threads, 8192) if have_llama else None
-    with serving or contextlib.nullcontext() as server:
+    gguf, threads = default_model_gguf(), args.threads
+    serving = LlamaServer(args.llama_server, gguf, threads, 8192) if have_llama else None
+    ngram = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "3")
+    drafting = LlamaServer(args.llama_server, gguf, threads, 8192, *ngram) if have_llama else None
+    with serving or contextlib.nullcontext() as server, drafting or contextlib.nullcontext() as lookup:
         for length in args.lengths:
             parts = passages_of_length(tokenizer, passages, length)
             prompt = "\n\n".join(parts)
@@ -172,9 +185,11 @@ def main() -> None:
                     fresh = KVBoostRAG(engine.model, engine.tokenizer, engine.config, name=engine.name)
                     runs.append(ours(fresh, parts, args.max_new_tokens, args.seed + repeat))
                 row[name] = median_of(runs) | {"weights": weight_format(engine.model)}
-            if server:
+            if server and lookup:
                 runs = [llama_cpp(server, parts, args.max_new_tokens, args.seed + r) for r in range(args.repeats)]
                 row["llama.cpp"] = median_of(runs)
+                runs = [llama_cpp(lookup, parts, args.max_new_tokens, args.seed + r) for r in range(args.repeats)]
+                row["llama.cpp (n-gram drafts)"] = median_of(runs)
             for peer in [k for k in row if isinstance(row[k], dict)]:
                 row[peer]["tokens_per_s"] = 1 / row[peer]["step_s"]
             print(json.dumps(row), flush=True)

@@ -18,6 +18,7 @@ from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.hf.cpu import ONEDNN_BF16_MISSING, onednn_bf16
 from kvboost_rag.hf.int4_linear import Int4Product, quantize_linear_layers
 from kvboost_rag.hf.lean_step import lean_step_for
+from kvboost_rag.server.metrics import ServingMetrics
 
 needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16(), reason=ONEDNN_BF16_MISSING)
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -245,3 +246,13 @@ def test_draft_tokens_is_checked() -> None:
     for bad in (-1, MAX_DRAFT_TOKENS + 1, 1.5, "2"):
         with pytest.raises(ValueError, match="draft_tokens"):
             EngineConfig(draft_tokens=bad)  # type: ignore[arg-type]
+
+
+def test_the_server_counts_drafted_tokens_taken_and_not(fresh_engine: KVBoostRAG) -> None:
+    metrics = ServingMetrics(fresh_engine, lambda: 0)
+    result = fresh_engine.generate("Hello", max_new_tokens=2, store_prompt=False)
+    result.drafted_tokens, result.accepted_tokens = 5, 3
+    metrics.finished(result)
+    page = metrics.scrape().decode()
+    assert 'kvboost:draft_tokens_total{taken="yes"} 3.0' in page
+    assert 'kvboost:draft_tokens_total{taken="no"} 2.0' in page

@@ -41,6 +41,7 @@ def _origins(given: list[str] | None) -> tuple[str, ...]:
     "store_prompt",
     "repair",
     "exactness",
+    "draft_tokens",
     "warm_prefix",
     "kv_quantization",
     "disk_budget_bytes",

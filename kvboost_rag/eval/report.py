@@ -29,6 +29,7 @@ COLUMNS = [
     ("total_median_s", "answer med", "{:.3f}s"),
     ("total_ratio_vs_full", "answer x full", "{:.2f}"),
     ("decode_tokens_per_s", "decode tok/s", "{:.1f}"),
+    ("drafted_share", "from drafts", "{:.0%}"),
     ("recomputed_share", "recomputed", "{:.0%}"),
     ("verified_first_token_share", "1st tok verified", "{:.0%}"),
     ("recomputed_answer_share", "answer recomputed", "{:.0%}"),

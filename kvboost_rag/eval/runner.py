@@ -49,6 +49,7 @@ class Record:
     reference_margin: float  # full prefill's first-token probability lead over its runner-up
     text: str
     exact_from: int | None = None  # the first answer token taken from recomputed exact KV, if any
+    accepted_tokens: int = 0  # answer tokens taken from verified drafts (EngineConfig.draft_tokens)
 
 
 @dataclass(slots=True)
@@ -96,6 +97,9 @@ class EvalReport:
                 "total_ratio_vs_full": statistics.median(total) / full_total,
                 "decode_tokens_per_s": _median([r.tokens_per_s for r in records if r.new_tokens > 1]),
                 "new_tokens_mean": statistics.fmean(r.new_tokens for r in records),
+                # decode passes saved: answer tokens after the first that a verified draft gave
+                "drafted_share": sum(r.accepted_tokens for r in records)
+                / max(1, sum(r.new_tokens - 1 for r in records if r.new_tokens > 1)),
                 "recomputed_share": statistics.fmean(r.recomputed_share for r in records),
                 "verified_first_token_share": statistics.fmean(r.exact_from == 0 for r in records),
                 "recomputed_answer_share": statistics.fmean(r.exact_from is not None for r in records),
@@ -263,4 +267,5 @@ def _record(i: int, example: QAExample, result: GenerationResult, reference: Gen
         reference_margin=top_margin(reference.first_logits),
         text=result.text,
         exact_from=result.exact_from,
+        accepted_tokens=result.accepted_tokens,
     )

@@ -37,6 +37,9 @@ class ServingMetrics:
         self.step_rows = Histogram("kvboost:decode_step_rows", "Requests in one step", buckets=_ROWS, registry=reg)
         self.prompt_tokens = Counter("kvboost:prompt_tokens", "Prompt tokens by how served", ["kind"], registry=reg)
         self.completion_tokens = Counter("kvboost:generation_tokens", "Tokens generated", registry=reg)
+        self.drafted_tokens = Counter(
+            "kvboost:draft_tokens", "Tokens drafted from prompts, by whether answers took them", ["taken"], registry=reg
+        )
         Gauge("kvboost:num_requests_waiting", "Requests waiting for a running place", registry=reg).set_function(
             waiting
         )
@@ -54,6 +57,8 @@ class ServingMetrics:
         self.ttft.observe(result.ttft_s)
         self.latency.observe(result.total_s)
         self.completion_tokens.inc(result.new_tokens)
+        self.drafted_tokens.labels("yes").inc(result.accepted_tokens)
+        self.drafted_tokens.labels("no").inc(result.drafted_tokens - result.accepted_tokens)
         kinds = {
             "reused_exact": result.reused_exact_tokens,
             "reused_approximate": result.reused_approximate_tokens,

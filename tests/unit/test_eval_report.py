@@ -41,7 +41,7 @@ def test_the_terminal_table_is_short_unless_asked_for_every_column() -> None:
     assert "decode tok/s" not in short[0] and "decode tok/s" in wide[0]
     assert len(short) == len(wide) == 1 + len(NAMED) + len(SWEEP)
     assert "[" in short[2], "the EM diff carries its paired 95% interval"
-    assert len(SHORT_COLUMNS) == 9 and len(COLUMNS) == 21
+    assert len(SHORT_COLUMNS) == 9 and len(COLUMNS) == 22
 
 
 def test_markdown_puts_the_short_table_first_and_every_column_under_its_own_heading() -> None:
