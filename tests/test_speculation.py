@@ -256,3 +256,17 @@ def test_the_server_counts_drafted_tokens_taken_and_not(fresh_engine: KVBoostRAG
     page = metrics.scrape().decode()
     assert 'kvboost:draft_tokens_total{taken="yes"} 3.0' in page
     assert 'kvboost:draft_tokens_total{taken="no"} 2.0' in page
+
+
+def test_a_long_cache_drafts_nothing(
+    engines: tuple[KVBoostRAG, KVBoostRAG], passages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each row of a pass attends over the whole cache: past DRAFT_BELOW_TOKENS a row costs more
+    than a draft saves."""
+    without, drafting = engines
+    prompt = f"{passages[3]}\n\nRepeat the passage above word for word.\n\n{passages[3][:60]}"
+    short = drafting.generate(prompt, max_new_tokens=24, store_prompt=False)
+    assert short.accepted_tokens > 0
+    monkeypatch.setattr("kvboost_rag.engine.decode.DRAFT_BELOW_TOKENS", short.prompt_tokens)
+    long = drafting.generate(prompt, max_new_tokens=24, store_prompt=False)
+    assert long.drafted_tokens == 0 and long.token_ids == short.token_ids

@@ -28,7 +28,7 @@ from .compute import Compute
 from .detokenize import Detokenizer
 from .request import Request
 from .sampling import sample_token
-from .speculation import Drafted, PromptLookup
+from .speculation import DRAFT_BELOW_TOKENS, Drafted, PromptLookup
 from .stops import find_stop, held_back
 
 
@@ -197,8 +197,9 @@ class Decoder:
 
     def verify_draft(self, request: Request, room: int) -> bool:
         """A pass over the last token and the draft that follows it, while the request decodes
-        alone: the logits after each (`speculation`); False where nothing was drafted."""
-        if not self.draft_tokens or room < 2 or self.batcher.running > 1:
+        alone and its cache is short enough for a pass to pay: the logits after each
+        (`speculation`); False where nothing was drafted."""
+        if not self.draft_tokens or room < 2 or self.batcher.running > 1 or request.next_position > DRAFT_BELOW_TOKENS:
             return False
         if request.lookup is None:
             request.lookup = PromptLookup([int(t) for t in request.tokens])
