@@ -132,10 +132,13 @@ def decode_peers(data: dict[str, Any]) -> str:
         f"{data['max_new_tokens']} new tokens, greedy, {data['dtype']}, medians; llama.cpp: llama-server on the same "
         "GGUF, its own timings; its reuse is its prefix cache after the prompt in its first order. Ours: the "
         "prompt's passages warmed, then given shuffled; tokens computed there count the repair and, where the "
-        "first token was a near-tie, the exact prefill that verified it (raw text without a question often is one). "
-        "Drafts: tokens looked up in the prompt, verified in one pass (ours: the same answer as without; "
-        "llama.cpp's `--spec-type ngram-simple`)."
+        "first token was a near-tie, the exact prefill that verified it (raw text without a question often is one)."
     )
+    if any("drafted_share" in row for row in rows):
+        notes += (
+            " Drafts: tokens looked up in the prompt, verified in one pass (ours: the same answer as without; "
+            "llama.cpp's `--spec-type ngram-simple`)."
+        )
     return notes + "\n\n" + columns_table(columns, rows)
 
 
