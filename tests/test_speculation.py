@@ -34,11 +34,12 @@ def test_a_draft_follows_the_longest_run_that_appeared_last() -> None:
 
 
 def test_a_draft_needs_an_earlier_occurrence_and_never_finds_itself() -> None:
-    assert PromptLookup([1, 2, 3]).draft(3) == [], "3 appears once: nothing followed it before"
+    assert PromptLookup([1, 2, 3]).draft(3) == [], "2 3 appears once: nothing followed it before"
     assert PromptLookup([4]).draft(2) == []
     assert PromptLookup([]).draft(2) == []
-    lookup = PromptLookup([9, 9])
-    assert lookup.draft(2) == [9], "the run 9 ended at position 1, followed by 9"
+    assert PromptLookup([5, 9, 7, 9]).draft(2) == [], "one matching token drafts nothing (LOOKUP_MIN)"
+    lookup = PromptLookup([9, 9, 9])
+    assert lookup.draft(2) == [9], "the run 9 9 ended at position 2, followed by 9"
 
 
 def test_the_index_grows_with_the_answer() -> None:
