@@ -37,7 +37,7 @@ class PromptLookup:
 
     tokens: list[int] = field(default_factory=list)
     _ends: dict[tuple[int, ...], int] = field(default_factory=dict)
-    _indexed: int = 0  # runs ending at positions below this one are in `_ends`
+    _indexed: int = 0  # the runs whose (exclusive) end is at most this are in `_ends`
 
     def extend(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
@@ -58,7 +58,7 @@ class PromptLookup:
         return []
 
     def _index(self, upto: int) -> None:
-        """Index the runs ending before position `upto`."""
+        """Index the runs whose (exclusive) end is at most `upto`."""
         tokens, ends = self.tokens, self._ends
         for stop in range(self._indexed + 1, upto + 1):  # runs tokens[stop - size : stop]
             for size in range(LOOKUP_MIN, min(LOOKUP_NGRAMS, stop) + 1):
