@@ -7,7 +7,9 @@ layers, packed or quantized as the model holds them; int4 q/k/v and gate/up as o
 and the engine's single-query attention, so its logits are the model's own forward's
 (tests/test_lean_step.py). At 512 tokens on 2 AVX-512 cores: 16.7 against 21.3 ms a step with
 int4 weights, 29.9 against 33.0 with bf16 ones; 15.0-15.4 ms since its attention reads the
-cache's fp32 copies (docs/research-log.md, "Issue 33" and its second pass).
+cache's fp32 copies, 13.6-14.5 ms since it calls the int4 products directly and attends over those
+copies through sdpa's kernel (docs/research-log.md, "Issue 33" and its second and third passes).
+`rows` runs several tokens, each row through the calls of its own step (a draft's verification).
 
 Only decoders whose layers are the Llama pattern take it (Llama, Mistral without a sliding
 window, Qwen2, SmolLM): RMSNorm, rotary on q and k from the model's own rotary module, grouped
