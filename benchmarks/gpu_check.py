@@ -3,6 +3,9 @@
 A random model of the default model's shape (SmolLM2-135M: 30 layers, GQA 9/3 heads) in bf16 on
 CUDA, with the default tokenizer, over NQ passages: are reused KV and CacheBlend at rho 1 full
 prefill's logits there, does the lean decode step give the forward's tokens (and how fast is each),
+does the int4 path (tinygemm) give the reference product, full prefill's logits with reuse at rho 1
+and how fast does it step, do decode steps replay as CUDA graphs (kept or not, why, the same
+tokens as eager, and each one's time per token),
 does neighbour-aware warming record itself, and what do TTFT, whole
 answers and decode cost with reuse against full prefill? Random weights make answers
 meaningless, not the numerics or the timings. Writes JSON.
@@ -93,6 +96,80 @@ def lean_step(model: LlamaForCausalLM, ids: list[int], device: torch.device, ste
     }
 
 
+def int4_path(model_folder: Path, tokenizer, documents: list[str], prompt, device: str) -> dict[str, object]:
+    """The int4 layers on the device: one layer against the CPU kernel's product, reuse at rho 1
+    against full prefill in int4, and the lean step's time against bf16's."""
+    from torch import nn
+
+    from kvboost_rag.hf.int4_linear import Int4Linear, int4_supported, quantize_int4, quantize_linear_layers
+
+    torch.manual_seed(0)
+    linear = nn.Linear(576, 1536)
+    int4 = quantize_int4(linear.weight)
+    x = torch.randn(3, 576).bfloat16()
+    here = Int4Linear(int4, linear.bias, device=device)(x.to(device)).float().cpu()
+    report: dict[str, object] = {
+        "layer_max_diff_vs_cpu_kernel": (here - Int4Linear(int4, linear.bias)(x).float()).abs().max().item()
+    }
+
+    def random_model() -> LlamaForCausalLM:
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig.from_pretrained(model_folder)).to(device, torch.bfloat16).eval()
+
+    model = random_model()  # quantized before its first step: a model's lean step is made once
+    reason = int4_supported(model)
+    report["supported"] = reason or True
+    if reason is not None:
+        return report
+    ids = tokenizer(documents[0], add_special_tokens=False).input_ids
+    report["swapped_layers"] = quantize_linear_layers(model)
+    report["int4_lean_step"] = lean_step(model, ids, torch.device(device))
+    report["bf16_lean_step"] = lean_step(random_model(), ids, torch.device(device))
+    engine = KVBoostRAG(model, tokenizer, EngineConfig(store="memory"), name="random-smollm2-int4")
+    engine.warm(documents)
+    full, _ = engine.next_token_logits(prompt, mode="full")
+    every, _ = engine.next_token_logits(prompt, repair=RepairConfig(rho=1.0, max_tokens_per_run=None))
+    report["int4_rho1_max_logit_diff"] = (every - full).abs().max().item()
+    return report
+
+
+def graphed_decode(model: LlamaForCausalLM, tokenizer, prompt, tokens: int = 64) -> dict[str, object]:
+    """A lone answer and three together with CUDA graphs and without: kept or not, the same
+    tokens, the time per token."""
+    import threading
+
+    report: dict[str, object] = {}
+    for graphs in (False, True):
+        engine = KVBoostRAG(model, tokenizer, EngineConfig(store="memory", cuda_graphs=graphs), name="random-smollm2")
+        off = ExactnessConfig.off()
+        engine.generate(prompt, max_new_tokens=4, exactness=off)  # captures the one-row graph
+        alone = engine.generate(prompt, max_new_tokens=tokens, exactness=off, store_prompt=False)
+        together: list = [None] * 3
+
+        def answer(i: int) -> None:
+            together[i] = engine.generate(prompt, max_new_tokens=tokens, exactness=off, store_prompt=False)
+
+        threads = [threading.Thread(target=answer, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        graphed = engine.batcher._graphed
+        report["graphs" if graphs else "eager"] = {
+            "kept": graphed is not None and graphed.enabled,
+            "why_not": graphed.why_not if graphed is not None else "off",
+            "ms_per_token_alone": 1000 * (alone.total_s - alone.ttft_s) / max(len(alone.token_ids) - 1, 1),
+            "tokens": alone.token_ids,
+            "together_tokens": [r.token_ids for r in together],
+        }
+    eager, graphs = report["eager"], report["graphs"]
+    report["same_tokens_alone"] = eager["tokens"] == graphs["tokens"]
+    report["same_tokens_together"] = eager["together_tokens"] == graphs["together_tokens"]
+    for row in (eager, graphs):
+        del row["tokens"], row["together_tokens"]
+    return report
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_folder", type=Path, help="config.json and the tokenizer of the default model")
@@ -129,6 +206,11 @@ def main() -> None:
 
     # the lean decode step against the model's own forward on the device: logits and step time
     report["lean_step"] = lean_step(model, tokenizer(documents[0], add_special_tokens=False).input_ids, engine.device)
+
+    # int4 weights (tinygemm) and decode steps as CUDA graphs
+    if engine.device.type == "cuda":
+        report["int4"] = int4_path(args.model_folder, tokenizer, documents, prompt, args.device)
+        report["cuda_graphs"] = graphed_decode(model, tokenizer, prompt)
 
     # neighbour-aware warming records itself on the device
     together = KVBoostRAG(model, tokenizer, EngineConfig(store="memory"), name="random-smollm2")

@@ -206,6 +206,9 @@ class EngineConfig:
     # Tokens drafted from the prompt and verified in one pass while a request decodes alone on a
     # CPU (`engine.speculation`): the same answer in fewer passes; 0 switches drafting off.
     draft_tokens: int = 3
+    # On a CUDA GPU, decode steps replayed as CUDA graphs where a replay gives the eager step's
+    # logits and runs faster, checked at the first step (`hf.graph_step`); no effect on a CPU.
+    cuda_graphs: bool = True
     # Text encoded before every warmed document (its KV is not kept), so a document's first
     # tokens do not become an attention sink; "" encodes each document alone from position 0.
     warm_prefix: str = ""
@@ -231,6 +234,8 @@ class EngineConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.kv_quantization not in QUANTIZATIONS:
             raise ValueError(f"kv_quantization must be None, 'int8' or 'int4', got {self.kv_quantization!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if not isinstance(self.draft_tokens, int) or not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {self.draft_tokens!r}")
         if self.memory_budget_bytes < 0:

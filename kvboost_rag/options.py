@@ -122,6 +122,12 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "Tokens drafted from the prompt and verified in one pass while a request decodes alone (the same "
         "answer in fewer passes); 0 switches drafting off.",
     ),
+    _engine(
+        "cuda_graphs",
+        bool,
+        "On a CUDA GPU, decode steps replayed as CUDA graphs where the first replay gives the eager "
+        "step's logits and runs faster; no effect on a CPU.",
+    ),
     _engine("warm_prefix", str, "Text encoded before every warmed document, its KV not kept."),
     _engine("kv_quantization", Quantization, 'Warmed chunks kept quantized, "int8" or "int4"; None keeps them as is.'),
     _engine(

@@ -11,7 +11,10 @@ import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.hf.batch_kv import BatchKV
-from kvboost_rag.hf.cache import make_cache
+from kvboost_rag.hf.batch_step import batched_step_logits
+from kvboost_rag.hf.cache import forward_last_logits, make_cache
+from kvboost_rag.hf.graph_step import GraphedSteps
+from kvboost_rag.hf.lean_step import lean_step_for
 
 
 @pytest.fixture()
@@ -124,6 +127,43 @@ def test_batch_kv_rows_join_grow_and_leave_into_their_own_caches() -> None:
     assert torch.equal(held.values[0, :, 5], new_keys[0, :, 0] + 1)
     assert kv.leave(1, None) is None and kv.rows == 1  # a dropped cache gets nothing back
     assert caches[1].layers[0].keys.shape[-2] == 9
+
+
+def test_steps_over_the_whole_buffer_answer_as_over_the_longest_row(engine: KVBoostRAG, passages: list[str]) -> None:
+    """The shapes a CUDA graph keeps (attention over the buffer's capacity, the slots past each
+    row masked) give the rows the eager step's tokens; off a GPU the graphed steps are that
+    whole-buffer step, and say why they replay nothing."""
+    step = lean_step_for(engine.model)
+    assert step is not None
+    prompts = [engine.tokenizer(passages[i], add_special_tokens=False).input_ids[: 40 + 9 * i] for i in range(3)]
+    runs = []
+    for whole in (False, True, None):
+        kv = BatchKV(len(step.layers), step.kv_heads, step.head_dim, torch.float32, torch.device("cpu"))
+        tokens = []
+        for ids in prompts:
+            cache = make_cache()
+            logits = forward_last_logits(engine.model, torch.tensor(ids), torch.arange(len(ids)), cache)
+            tokens.append([int(logits.argmax())])
+            kv.join(cache)
+        graphed = GraphedSteps(step)
+        rows = []
+        for _ in range(6):
+            last = torch.tensor([t[-1] for t in tokens])
+            positions = torch.tensor(kv.lengths)
+            if whole is None:
+                logits = graphed(last, positions, kv)
+            else:
+                logits = batched_step_logits(step, last, positions, kv, whole=whole)
+            rows.append(logits)
+            for row, t in enumerate(tokens):
+                t.append(int(logits[row].argmax()))
+        assert kv.capacity > max(kv.lengths)  # the whole buffer had masked slots to attend past
+        runs.append((tokens, torch.stack(rows)))
+    (longest, longest_logits), (whole, whole_logits), (graphed_tokens, graphed_logits) = runs
+    assert whole == longest and graphed_tokens == longest
+    assert torch.allclose(whole_logits, longest_logits, atol=1e-4, rtol=1e-4)
+    assert torch.equal(graphed_logits, whole_logits)
+    assert not graphed.enabled and "not on a CUDA GPU" in graphed.why_not
 
 
 def test_answers_kept_after_batched_decoding_hold_the_sequential_kv(engine: KVBoostRAG, passages: list[str]) -> None:

@@ -17,7 +17,17 @@ from kvboost_rag import EngineConfig, KVBoostRAG, RepairConfig
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.hf.fingerprint import weight_format
 from kvboost_rag.hf.gguf_int4 import q4_1_weights
-from kvboost_rag.hf.int4_linear import INT4_MAX_ROWS, Int4Linear, fused_int4, quantize_int4
+from kvboost_rag.hf.int4_linear import (
+    CUDA_INT4_CAPABILITY,
+    INT4_MAX_ROWS,
+    Int4Linear,
+    fused_int4,
+    inner_k_tiles,
+    int4_kernel,
+    int4_supported,
+    nibble_pairs,
+    quantize_int4,
+)
 from kvboost_rag.hf.lean_step import lean_step_for
 from kvboost_rag.hf.loader import default_model_gguf
 from kvboost_rag.hf.weights import apply_weights
@@ -58,6 +68,37 @@ def test_int4_layer_is_the_product_with_its_weights(dtype: torch.dtype) -> None:
     assert torch.equal(layer(many), linear(many)), "past a few rows the dense weight answers"
     alone = Int4Linear(int4, linear.bias)
     assert torch.allclose(alone(many).float(), many.bfloat16().float() @ weight.t() + linear.bias.float(), 2e-2, 2e-2)
+
+
+def test_cuda_packing_puts_the_even_column_in_the_high_nibble() -> None:
+    codes = torch.randint(0, 16, (8, 64), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    pairs = nibble_pairs(codes)
+    assert pairs.shape == (8, 32) and pairs.dtype == torch.uint8
+    assert torch.equal(pairs >> 4, codes[:, 0::2]) and torch.equal(pairs & 15, codes[:, 1::2])
+    assert [inner_k_tiles(n) for n in (128, 576, 1536, 96)] == [8, 4, 8, 2]
+    with pytest.raises(ValueError, match="multiple of 32"):
+        inner_k_tiles(48)
+
+
+def test_int4_takes_the_devices_own_kernel_and_names_what_it_lacks() -> None:
+    assert int4_kernel(torch.device("cpu")) is torch.ops.aten._weight_int4pack_mm_for_cpu.default
+    assert int4_kernel(torch.device("cuda")) is torch.ops.aten._weight_int4pack_mm.default
+    assert int4_kernel(torch.device("meta")) is None
+    reason = int4_supported(nn.Linear(64, 64, device="meta"))
+    assert reason is not None and "CPU or a CUDA GPU" in reason
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the tinygemm int4 kernel)")
+def test_int4_layer_on_cuda_is_the_product_with_its_weights() -> None:
+    if torch.cuda.get_device_capability() < CUDA_INT4_CAPABILITY:
+        pytest.skip(f"needs CUDA compute capability {CUDA_INT4_CAPABILITY}")
+    linear = nn.Linear(576, 192, bias=True)
+    int4 = quantize_int4(linear.weight, 32)
+    on_gpu = Int4Linear(int4, linear.bias, device="cuda")
+    on_cpu = Int4Linear(int4, linear.bias)
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
+    got, expected = on_gpu(x.cuda()).cpu().float(), on_cpu(x).float()
+    assert torch.allclose(got, expected, rtol=2e-2, atol=2e-2), (got - expected).abs().max()
 
 
 @pytest.mark.parametrize(("sizes", "fuses"), [((576, 192, 192), True), ((64, 32, 32), None)])

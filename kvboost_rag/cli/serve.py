@@ -42,6 +42,7 @@ def _origins(given: list[str] | None) -> tuple[str, ...]:
     "repair",
     "exactness",
     "draft_tokens",
+    "cuda_graphs",
     "warm_prefix",
     "kv_quantization",
     "disk_budget_bytes",

@@ -26,6 +26,7 @@ import torch
 
 from ..hf.batch_kv import BatchKV
 from ..hf.batch_step import batched_step_logits
+from ..hf.graph_step import GraphedSteps
 from ..hf.lean_step import LeanStep, decode_step_logits, lean_step_for
 from .compute import Compute
 from .request import Request
@@ -56,9 +57,13 @@ class Ended:
 class StepBatcher:
     """The running requests of one model, advanced in turns on the compute thread."""
 
-    def __init__(self, model: Any, compute: Compute) -> None:
+    def __init__(self, model: Any, compute: Compute, cuda_graphs: bool = True) -> None:
         self.model, self.compute = model, compute
         self.device = next(model.parameters()).device
+        # On CUDA every step, a lone request's too, goes through the batch's buffer, replayed as
+        # graphs where they prove equal and faster (`hf.graph_step`); a CPU steps eagerly.
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._graphed: GraphedSteps | None = None
         self.listeners: list[StepListener] = []  # e.g. the server's metrics
         self._lock = threading.Lock()
         self._arriving: list[Running] = []
@@ -148,12 +153,21 @@ class StepBatcher:
     def _step(self, requests: list[Request]) -> None:
         """The forward pass of each request's last token (`request.generated[-1]`)."""
         step = lean_step_for(self.model)
-        if step is None or len(requests) == 1:
+        graphed = self._graphed_steps(step)
+        if step is None or (len(requests) == 1 and graphed is None):
             self._drop(list(range(len(self._rows))))
             for request in requests:
                 request.logits = self.step_alone(request)
             return
-        self._batched(step, requests)
+        self._batched(step, requests, graphed)
+
+    def _graphed_steps(self, step: LeanStep | None) -> GraphedSteps | None:
+        """The graphed steps while they are kept (CUDA, the lean step, `cuda_graphs`), else None."""
+        if not self.cuda_graphs or step is None:
+            return None
+        if self._graphed is None:
+            self._graphed = GraphedSteps(step)
+        return self._graphed if self._graphed.enabled else None
 
     def step_alone(self, request: Request) -> torch.Tensor:
         """The logits after the request's last token, from its own cache (no batch row)."""
@@ -161,7 +175,7 @@ class StepBatcher:
         token_ids = torch.tensor([request.generated[-1]], device=self.device)
         return decode_step_logits(self.model, token_ids, position, request.cache)
 
-    def _batched(self, step: LeanStep, requests: list[Request]) -> None:
+    def _batched(self, step: LeanStep, requests: list[Request], graphed: GraphedSteps | None = None) -> None:
         """One step of these requests: the buffer made to hold exactly them."""
         wanted = {id(request): request.cache for request in requests}
         self._drop([i for i, (member, cache) in enumerate(self._rows) if wanted.get(id(member)) is not cache])
@@ -179,7 +193,10 @@ class StepBatcher:
         by_row = sorted(requests, key=lambda request: row_of[id(request)])
         token_ids = torch.tensor([request.generated[-1] for request in by_row], device=self.device)
         positions = torch.tensor([request.next_position - 1 for request in by_row], device=self.device)
-        logits = batched_step_logits(step, token_ids, positions, self._kv)
+        if graphed is not None:
+            logits = graphed(token_ids, positions, self._kv)
+        else:
+            logits = batched_step_logits(step, token_ids, positions, self._kv)
         for row, request in enumerate(by_row):
             request.logits = logits[row]
 

@@ -56,13 +56,21 @@ class DecodeObserver:
 class Decoder:
     """Runs the decode loop of requests on one model; their steps run in the batch (`batching.py`)."""
 
-    def __init__(self, model: Any, tokenizer: Any, compute: Compute, stop_ids: set[int], draft_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        compute: Compute,
+        stop_ids: set[int],
+        draft_tokens: int = 0,
+        cuda_graphs: bool = True,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.compute = compute
         self.stop_ids = stop_ids
         self.device = next(model.parameters()).device
-        self.batcher = StepBatcher(model, compute)  # concurrent requests step together
+        self.batcher = StepBatcher(model, compute, cuda_graphs)  # concurrent requests step together
         # tokens drafted a pass (`speculation`): on a CPU, where it is measured, for models that
         # take the lean step where its rows give each step's logits to the bit (`rows_match_steps`)
         self.draft_tokens = draft_tokens if self.device.type == "cpu" else 0

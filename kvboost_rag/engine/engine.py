@@ -92,7 +92,8 @@ class KVBoostRAG:
                 use_reuse_attention(model)  # reuse passes are few queries over a long cache
             pack_linear_layers(model)
         self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._compute)
-        self._decoder = Decoder(model, tokenizer, self._compute, eos_ids(model, tokenizer), self.config.draft_tokens)
+        stop_ids, config = eos_ids(model, tokenizer), self.config
+        self._decoder = Decoder(model, tokenizer, self._compute, stop_ids, config.draft_tokens, config.cuda_graphs)
         self.batcher = self._decoder.batcher  # the running batch: its size, listeners of its steps
         self._prompts = PromptTokenizer(tokenizer, name)
         prefix_tokens = np.asarray(tokenizer(config.warm_prefix).input_ids if config.warm_prefix else [], np.int64)

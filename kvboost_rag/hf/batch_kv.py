@@ -42,6 +42,11 @@ class BatchKV:
         """Room for `rows` rows of `tokens` slots (before joining several: one allocation)."""
         self._reserve(rows, tokens)
 
+    @property
+    def capacity(self) -> int:
+        """Slots a row has room for."""
+        return self.keys.shape[3] if self.keys.dim() == 5 else 0
+
     @torch.inference_mode()  # the caches were made in a forward pass (inference tensors)
     def join(self, cache: Any) -> int:
         """Copy a request's cache (a DynamicCache of `GrowingLayer`s) into a new row; its index."""
@@ -83,12 +88,22 @@ class BatchKV:
 
     @torch.inference_mode()
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
-        """Write each row's new token's K/V [rows, kv_heads, 1, head_dim] at slot `positions[row]`."""
-        rows = torch.arange(self.rows, device=self.device)
-        self.keys[layer, rows, :, positions] = keys[:, :, 0]
-        self.values[layer, rows, :, positions] = values[:, :, 0]
+        """Write each row's new token's K/V [rows, kv_heads, 1, head_dim] at slot `positions[row]`.
+        On CUDA as a scatter along the slots (no host reads: a CUDA graph can hold it); a CPU
+        scatters 10x slower than it indexes (15 against 1.5 ms a step of 8 rows), so it indexes."""
+        rows = keys.shape[0]
+        keys, values = keys.to(self.dtype), values.to(self.dtype)
+        targets = [(self.keys, keys), (self.values, values)]
         if self.float_keys.numel():
-            self.float_keys[layer, rows, :, positions] = keys[:, :, 0].float()
+            targets.append((self.float_keys, keys.float()))
+        if self.device.type == "cuda":
+            where = positions.view(rows, 1, 1, 1).expand(rows, self.kv_heads, 1, self.head_dim)
+            for buffer, new in targets:
+                buffer[layer, :rows].scatter_(2, where, new)
+            return
+        indices = torch.arange(rows, device=self.device)
+        for buffer, new in targets:
+            buffer[layer, indices, :, positions] = new[:, :, 0]
 
     @torch.inference_mode()
     def reserve_step(self) -> torch.Tensor:

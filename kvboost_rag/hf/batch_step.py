@@ -34,12 +34,25 @@ from .lean_step import LeanLayer, LeanStep, _rms_norm, _rotary_tables, _rotate
 
 
 @torch.inference_mode()
-def batched_step_logits(step: LeanStep, tokens: torch.Tensor, positions: torch.Tensor, kv: BatchKV) -> torch.Tensor:
+def batched_step_logits(
+    step: LeanStep, tokens: torch.Tensor, positions: torch.Tensor, kv: BatchKV, whole: bool = False
+) -> torch.Tensor:
     """fp32 logits [rows, vocab] of each row's next token after `tokens[row]` at `positions[row]`,
-    over that row's K/V in `kv` (which grows by the token)."""
-    rows = tokens.shape[0]
+    over that row's K/V in `kv` (which grows by the token). `whole`: attend over the buffer's
+    whole capacity (the shapes a captured graph keeps, `graph_step.py`), not the longest row's."""
     slots = kv.reserve_step()
-    width = max(kv.lengths) + 1
+    width = kv.capacity if whole else max(kv.lengths) + 1
+    logits = batched_forward(step, tokens, positions, slots, kv, width)
+    kv.advance()
+    return logits
+
+
+def batched_forward(
+    step: LeanStep, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: BatchKV, width: int
+) -> torch.Tensor:
+    """The step's tensor work, each row's token written at `slots[row]` and attending over the
+    first `width` slots up to its own: no host reads, so a CUDA graph can hold it."""
+    rows = tokens.shape[0]
     # -inf past each row's last slot: [rows, 1, 1, width], one mask for every head of the row
     filled = torch.arange(width, device=tokens.device).view(1, -1) <= slots.view(-1, 1)
     mask = torch.zeros(filled.shape, dtype=torch.float32, device=tokens.device).masked_fill_(~filled, float("-inf"))
@@ -48,7 +61,6 @@ def batched_step_logits(step: LeanStep, tokens: torch.Tensor, positions: torch.T
     cos, sin = _rotary_tables(*step.rotary(hidden, positions.view(rows, 1)))
     for index, layer in enumerate(step.layers):
         hidden = _layer(step, layer, index, hidden, cos, sin, kv, slots, mask, width)
-    kv.advance()
     hidden = _rms_norm(hidden, step.final_norm, step.final_eps)
     return step.head(hidden)[:, -1].float()
 

@@ -10,6 +10,10 @@ The kernel takes bf16 activations (fp32 ones run ~20x slower), so on a CPU witho
 the layer rounds its input to bf16 and returns fp32: still 2.6x faster than an fp32 `nn.Linear`
 there. A GGUF Q4_1 block (w = d * q + m, 32 weights) is this layout with scale d and zero
 m + 8d, so the default model's weights load as the file holds them (`hf.gguf_int4`).
+
+On CUDA (compute capability 8.0 and up) the same layout runs through PyTorch's tinygemm kernel
+(`_weight_int4pack_mm`, what torchao's int4 CUDA layout calls), packed by its own converter: the
+codes, scales and zeros are the CPU path's, so a layer quantizes once and runs on either device.
 """
 
 from __future__ import annotations
@@ -27,6 +31,35 @@ INT4_MAX_ROWS = 4  # more rows go to the dense weight where one is kept (see `In
 # Looked up once, as its one overload (the packet's Python dispatch is ~1 us a call): a decode step
 # calls it 120-210 times. None in a torch without it (`int4_supported`).
 _INT4_MM: Any = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
+_INT4_MM_CUDA: Any = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm", None), "default", None)
+CUDA_INT4_CAPABILITY = (8, 0)  # tinygemm's kernel is built for Ampere and later
+
+
+def int4_kernel(device: torch.device) -> Any:
+    """The int4 product for tensors on `device`, or None where PyTorch has none."""
+    return _INT4_MM_CUDA if device.type == "cuda" else _INT4_MM if device.type == "cpu" else None
+
+
+def nibble_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [out, in] (0..15) as bytes [out, in / 2], two codes a byte, the even column high:
+    the input of the CUDA converter (`_convert_weight_to_int4pack`)."""
+    wide = codes.to(torch.uint8)
+    return (wide[:, 0::2] << 4) | wide[:, 1::2]
+
+
+def inner_k_tiles(in_features: int) -> int:
+    """tinygemm's tiles of 16 inputs per packed block: the largest of 8, 4, 2 dividing the inputs."""
+    for tiles in (8, 4, 2):
+        if in_features % (tiles * 16) == 0:
+            return tiles
+    raise ValueError(f"{in_features} inputs do not fill tinygemm's blocks (a multiple of 32)")
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [out, in] (0..15, on the layer's device) in the layout of that device's int4 kernel."""
+    if codes.device.type == "cuda":
+        return torch.ops.aten._convert_weight_to_int4pack(nibble_pairs(codes), inner_k_tiles(codes.shape[1]))
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +99,16 @@ class Int4Linear(nn.Module):
     against 18.8) to 64 rows (163 against 74), so a prompt's prefill would take twice as long.
     """
 
-    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dense: nn.Linear | None = None) -> None:
+    def __init__(
+        self,
+        weight: Int4Weight,
+        bias: torch.Tensor | None,
+        dense: nn.Linear | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__()
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 2)
-        scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], dim=-1).to(torch.bfloat16)
+        packed = pack_int4(weight.codes.to(device))
+        scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], dim=-1).to(device, torch.bfloat16)
         self._hold(packed, scales_and_zeros.contiguous(), weight.group_size, bias, dense)
 
     @classmethod
@@ -106,7 +145,8 @@ class Int4Linear(nn.Module):
         """This layer's int4 product with its tensors bound, for a decode step's few rows."""
         packed, scales = self.packed_weight, self.scales_and_zeros
         assert isinstance(packed, torch.Tensor) and isinstance(scales, torch.Tensor)  # buffers, set in `_hold`
-        return Int4Product(packed, scales, self.group_size, self.in_features, self.out_features, self.bias)
+        kernel = int4_kernel(packed.device)
+        return Int4Product(packed, scales, self.group_size, self.in_features, self.out_features, self.bias, kernel)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
@@ -125,12 +165,13 @@ class Int4Product:
     in_features: int
     out_features: int
     bias: torch.Tensor | None
+    kernel: Any = _INT4_MM  # the device's int4 product (`int4_kernel`)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.bfloat16:
             rows = rows.to(torch.bfloat16)
-        out = _INT4_MM(rows, self.packed_weight, self.group_size, self.scales_and_zeros)
+        out = self.kernel(rows, self.packed_weight, self.group_size, self.scales_and_zeros)
         if out.dtype != x.dtype:
             out = out.to(x.dtype)
         out = out.view(*x.shape[:-1], self.out_features)
@@ -161,7 +202,8 @@ def fused_int4(layers: list[Any]) -> Int4Linear | None:
         first.group_size,
         bias,
     )
-    probe = torch.randn(1, first.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    probe = torch.randn(1, first.in_features, generator=torch.Generator().manual_seed(0))
+    probe = probe.to(first.packed_weight.device, torch.bfloat16)
     if not torch.equal(fused(probe), torch.cat([layer(probe) for layer in layers], dim=-1)):
         return None  # the kernel packs in blocks of rows these parts do not fill (seen with 32-row parts)
     start, weight = 0, fused.packed_weight
@@ -175,10 +217,13 @@ def fused_int4(layers: list[Any]) -> Int4Linear | None:
 def int4_supported(model: Any) -> str | None:
     """Why `model` cannot take int4 linear layers here, or None."""
     weight = next(model.parameters())
-    if weight.device.type != "cpu":
-        return f"int4 weights run on a CPU here (the model is on {weight.device.type})"
-    if _INT4_MM is None:
-        return f"this torch ({torch.__version__}) has no CPU int4 kernel"
+    device = weight.device
+    if device.type not in ("cpu", "cuda"):
+        return f"int4 weights run on a CPU or a CUDA GPU (the model is on {device.type})"
+    if int4_kernel(device) is None:
+        return f"this torch ({torch.__version__}) has no {device.type.upper()} int4 kernel"
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < CUDA_INT4_CAPABILITY:
+        return f"the CUDA int4 kernel needs compute capability {CUDA_INT4_CAPABILITY}, this GPU has less"
     if weight_format(model) != "float":
         return f"the model is quantized already ({weight_format(model)})"
     return None
@@ -208,7 +253,8 @@ def quantize_linear_layers(
                 continue
             full = f"{name}.{child_name}" if name else child_name
             int4 = weights.get(full) or quantize_int4(child.weight, group_size)
-            setattr(module, child_name, Int4Linear(int4, child.bias, child if keep_dense else None))
+            dense = child if keep_dense else None
+            setattr(module, child_name, Int4Linear(int4, child.bias, dense, child.weight.device))
             swapped += 1
     setattr(model, WEIGHT_FORMAT, f"int4-g{group_size}")
     return swapped
