@@ -21,6 +21,7 @@ JSON: benchmarks/results/bench_serving.json (or --out).
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -155,6 +156,10 @@ def summary(records: list[dict], wall_s: float, reference: list[dict] | None) ->
         pairs = list(zip(records, reference))
         row["same_first_chunk"] = sum(a["first_chunk"] == b["first_chunk"] for a, b in pairs) / len(pairs)
         row["same_answer"] = sum(a["text"] == b["text"] for a, b in pairs) / len(pairs)
+        # where a batched row rounds differently, how far each answer goes before it parts
+        row["text_before_parting_p50"] = statistics.median(
+            len(os.path.commonprefix([a["text"], b["text"]])) / max(len(b["text"]), 1) for a, b in pairs
+        )
     return row
 
 
