@@ -170,13 +170,20 @@ def load_test(base_url: str, model: str, prompts: list, max_tokens: int, root: s
     hung = [r for r in records if r["finish"] == "hung up"]
     kept = [r for r in records if r["finish"] != "hung up"]
     truncated = [r for r in kept if r["error"] is None and (r["finish"] != "length" or r["tokens"] != max_tokens)]
-    left = httpx.get(root + "/metrics", timeout=10).text
-    gauges = {
-        name: float(line.split()[-1])
-        for line in left.splitlines()
-        for name in ("kvboost:num_requests_running", "kvboost:num_requests_waiting")
-        if line.startswith(name + " ")
-    }
+    # the last request may be one that hung up: the server frees its row when it sees the
+    # disconnect, a moment after the client left, so the gauges are read until they are empty
+    ended = time.perf_counter()
+    while True:
+        left = httpx.get(root + "/metrics", timeout=10).text
+        gauges = {
+            name: float(line.split()[-1])
+            for line in left.splitlines()
+            for name in ("kvboost:num_requests_running", "kvboost:num_requests_waiting")
+            if line.startswith(name + " ")
+        }
+        if not any(gauges.values()) or time.perf_counter() - ended > 10:
+            break
+        time.sleep(0.05)
     return {
         "requests": len(records),
         "errors": sum(r["error"] is not None for r in records),
@@ -184,6 +191,7 @@ def load_test(base_url: str, model: str, prompts: list, max_tokens: int, root: s
         "hung_up": len(hung),
         "wall_s": wall_s,
         "running_after": gauges.get("kvboost:num_requests_running"),
+        "empty_after_s": time.perf_counter() - ended,
         "waiting_after": gauges.get("kvboost:num_requests_waiting"),
     }
 

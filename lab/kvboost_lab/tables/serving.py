@@ -36,6 +36,7 @@ def serving(data: dict[str, Any]) -> str:
         ("slowest 5%", get("decode_tokens_per_s_p95_low"), "{:.1f}"),
         ("first chunk = 1 client", get("same_first_chunk"), "{:.0%}"),
         ("answer = 1 client", get("same_answer"), "{:.0%}"),
+        ("text before parting, p50", get("text_before_parting_p50"), "{:.0%}"),
         ("errors", get("errors"), "{}"),
     ]
     load = data.get("load_test", {})
@@ -45,6 +46,7 @@ def serving(data: dict[str, Any]) -> str:
         f"{data['full_prefill_s'] * 1000:,.0f} ms to the first token. Load test: {load.get('requests')} requests "
         f"from 8 clients, {load.get('hung_up')} hung up after two chunks: {load.get('errors')} errors, "
         f"{load.get('truncated')} truncated, {load.get('running_after'):.0f} running and "
-        f"{load.get('waiting_after'):.0f} waiting after."
+        f"{load.get('waiting_after'):.0f} waiting after. Text before parting: the share of an answer's text "
+        f"before it parts from the one-client answer (a batched row rounds its attention in bf16)."
     )
     return notes + "\n\n" + columns_table(columns, rows)
