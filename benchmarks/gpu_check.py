@@ -47,6 +47,12 @@ def prompts(count: int, k: int, seed: int = 0, skip: int = 0) -> list[tuple[list
     return out
 
 
+def random_model(folder: Path, device: str, dtype: torch.dtype) -> LlamaForCausalLM:
+    """The default model's shape with seeded random weights (the same weights on every call)."""
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig.from_pretrained(folder)).to(device, dtype).eval()
+
+
 def timed(engine: KVBoostRAG, prompt: list[dict[str, str]], mode: str, tokens: int) -> dict[str, float]:
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
@@ -112,11 +118,8 @@ def int4_path(model_folder: Path, tokenizer, documents: list[str], prompt, devic
         "layer_max_diff_vs_cpu_kernel": (here - Int4Linear(int4, linear.bias)(x).float()).abs().max().item()
     }
 
-    def random_model() -> LlamaForCausalLM:
-        torch.manual_seed(0)
-        return LlamaForCausalLM(LlamaConfig.from_pretrained(model_folder)).to(device, torch.bfloat16).eval()
-
-    model = random_model()  # quantized before its first step: a model's lean step is made once
+    # quantized before its first step: a model's lean step is made once
+    model = random_model(model_folder, device, torch.bfloat16)
     reason = int4_supported(model)
     report["supported"] = reason or True
     if reason is not None:
@@ -124,7 +127,7 @@ def int4_path(model_folder: Path, tokenizer, documents: list[str], prompt, devic
     ids = tokenizer(documents[0], add_special_tokens=False).input_ids
     report["swapped_layers"] = quantize_linear_layers(model)
     report["int4_lean_step"] = lean_step(model, ids, torch.device(device))
-    report["bf16_lean_step"] = lean_step(random_model(), ids, torch.device(device))
+    report["bf16_lean_step"] = lean_step(random_model(model_folder, device, torch.bfloat16), ids, torch.device(device))
     engine = KVBoostRAG(model, tokenizer, EngineConfig(store="memory"), name="random-smollm2-int4")
     engine.warm(documents)
     full, _ = engine.next_token_logits(prompt, mode="full")
@@ -180,11 +183,7 @@ def main() -> None:
     args = p.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model_folder)
 
-    def random_model(dtype: torch.dtype) -> LlamaForCausalLM:
-        torch.manual_seed(0)
-        return LlamaForCausalLM(LlamaConfig.from_pretrained(args.model_folder)).to(args.device, dtype).eval()
-
-    model = random_model(torch.bfloat16)
+    model = random_model(args.model_folder, args.device, torch.bfloat16)
     engine = KVBoostRAG(model, tokenizer, EngineConfig(store="memory"), name="random-smollm2")
     name = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
     report: dict[str, object] = {"device": name, "dtype": str(engine.dtype)}
@@ -197,7 +196,12 @@ def main() -> None:
     report["bf16_rho1_max_logit_diff"] = (every - full).abs().max().item()
     report["bf16_logit_scale"] = full.abs().max().item()
     report["approximate_tokens"] = plan.tokens("approximate")
-    fp32 = KVBoostRAG(random_model(torch.float32), tokenizer, EngineConfig(store="memory"), name="random-fp32")
+    fp32 = KVBoostRAG(
+        random_model(args.model_folder, args.device, torch.float32),
+        tokenizer,
+        EngineConfig(store="memory"),
+        name="random-fp32",
+    )
     fp32.warm(documents)
     full32, _ = fp32.next_token_logits(prompt, mode="full")
     every32, _ = fp32.next_token_logits(prompt, repair=RepairConfig(rho=1.0, max_tokens_per_run=None))

@@ -96,9 +96,9 @@ class GraphedSteps:
         elif not self._timed and replay_s >= eager_s:
             self._disable(f"a replay took {replay_s * 1e3:.2f} ms, the eager step {eager_s * 1e3:.2f} ms")
         else:
-            self._timed = True
-            self._graphs[tokens.shape[0]] = captured
             rows = tokens.shape[0]
+            self._timed = True
+            self._graphs[rows] = captured
             log.info("steps of %d rows replay a CUDA graph (%.2f ms, eager %.2f)", rows, replay_s * 1e3, eager_s * 1e3)
         return eager
 
