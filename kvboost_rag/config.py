@@ -14,13 +14,14 @@ from typing import Any, Literal
 
 Mode = Literal["full", "prefix", "reuse"]
 ChunkingStrategy = Literal["fixed", "semantic", "adaptive"]
-RepairStrategy = Literal["none", "boundary", "cacheblend"]
+RepairStrategy = Literal["none", "boundary", "cacheblend", "query"]
 Deviation = Literal["value", "key"]
 Quantization = Literal["int8", "int4"]
 
 MODES: tuple[Mode, ...] = ("full", "prefix", "reuse")
 CHUNKING_STRATEGIES: tuple[ChunkingStrategy, ...] = ("fixed", "semantic", "adaptive")
-REPAIR_STRATEGIES: tuple[RepairStrategy, ...] = ("none", "boundary", "cacheblend")
+REPAIR_STRATEGIES: tuple[RepairStrategy, ...] = ("none", "boundary", "cacheblend", "query")
+CHOOSING_STRATEGIES: tuple[RepairStrategy, ...] = ("cacheblend", "query")  # a share of moved tokens, ranked
 QUANTIZATIONS: tuple[Quantization | None, ...] = (None, "int8", "int4")
 # A draft and its last token are verified as rows of one pass; the int4 kernel's rows are each
 # row's own up to 4 rows (`hf.int4_linear.INT4_MAX_ROWS`), so a pass's logits are those of its steps.
@@ -50,6 +51,10 @@ class RepairConfig:
     and deviates more than KV warmed alone; None: `rho`, as if warmed alone);
     a prompt's budget is each moved chunk's share of its tokens, spent on the most deviating
     tokens of the whole prompt.
+    `strategy="query"` (FusionRAG's query-guided choice): the prompt's uncached tokens are first
+    computed over the reused KV, and the moved tokens ranked by the attention the question (the
+    tokens after the last moved one) pays them in the last `query_layers` layers; the same shares
+    and cap pick the top ones, recomputed with the uncached tokens in a second pass.
     `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
     reused, little can be wrong). `narrow_check_layer`: the check layer's attention and
     feed-forward run for the selected tokens only (the next layer drops the rest); off runs them
@@ -63,6 +68,7 @@ class RepairConfig:
     max_tokens_per_run: int | None = 32
     check_layer: int = 1
     deviation: Deviation = "key"
+    query_layers: int = 1
     boundary_tokens: int = 16
     tail_tokens: int = 0
     blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
@@ -80,6 +86,8 @@ class RepairConfig:
             raise ValueError(f"rho_among_strangers must be None or in [0, 1], got {self.rho_among_strangers!r}")
         if self.check_layer < 0:
             raise ValueError("check_layer must be >= 0")
+        if not isinstance(self.query_layers, int) or isinstance(self.query_layers, bool) or self.query_layers < 1:
+            raise ValueError(f"query_layers must be an integer >= 1, got {self.query_layers!r}")
         _check_optional_count("max_tokens_per_run", self.max_tokens_per_run)
         if self.deviation not in ("value", "key"):
             raise ValueError(f"deviation must be 'value' or 'key', got {self.deviation!r}")
@@ -108,6 +116,9 @@ class ExactnessConfig:
     chosen on NQ questions outside the eval's (benchmarks/verify_margin.py).
     `verify_tokens`: how many leading answer tokens are checked (None: every token). The first
     token decides most short answers; checking every token recomputed two thirds of them.
+    `settle_share`: a near-tied first token is first settled by the prefill again with this share
+    of the moved tokens recomputed (the same choice, every chunk alike); only a tie that remains
+    recomputes the whole prompt. 0: the whole prompt at once.
     `refresh` (opt-in): after the first token, recompute the prompt so that every later token
     reads full prefill's KV: the answer is full prefill's whenever its first token is, for one
     full prefill before the second token, so the whole answer takes longer than full prefill's.
@@ -116,16 +127,21 @@ class ExactnessConfig:
     verify_margin: float = 0.05
     verify_tokens: int | None = 1
     refresh: bool = False
+    settle_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.verify_margin <= 1.0:
             raise ValueError(f"verify_margin must be in [0, 1], got {self.verify_margin!r}")
+        if not 0.0 <= self.settle_share < 1.0:
+            raise ValueError(
+                f"settle_share must be in [0, 1) (1 is the whole prompt's recompute), got {self.settle_share!r}"
+            )
         _check_optional_count("verify_tokens", self.verify_tokens)
 
     @classmethod
     def off(cls) -> ExactnessConfig:
         """Nothing recomputed after the prefill: the answer reads the repaired KV throughout."""
-        return cls(verify_margin=0.0, refresh=False)
+        return cls(verify_margin=0.0, refresh=False, settle_share=0.0)
 
     @classmethod
     def exact_answer(cls) -> ExactnessConfig:
@@ -297,17 +313,17 @@ def check_option_names(
 
 def parse_repair(text: str) -> RepairStrategy | RepairConfig:
     """The text form every entry point takes (`--repair`, KVBOOST_RAG_REPAIR): 'none', 'boundary',
-    'cacheblend'; 'cacheblend:0.05' recomputes that share of moved tokens for every chunk however
-    it was warmed (the eval's 'cacheblend@0.05'); 'boundary:16' that many tokens at each reused
-    run's start. ValueError for anything else."""
+    'cacheblend', 'query'; 'cacheblend:0.05' (or 'query:0.05') recomputes that share of moved
+    tokens for every chunk however it was warmed (the eval's 'cacheblend@0.05'); 'boundary:16'
+    that many tokens at each reused run's start. ValueError for anything else."""
     strategy, colon, amount = text.strip().partition(":")
     if strategy not in REPAIR_STRATEGIES:
         raise ValueError(f"repair strategy must be one of {', '.join(REPAIR_STRATEGIES)}, got {strategy!r}")
     if not colon:
         return strategy
     try:
-        if strategy == "cacheblend":
-            return RepairConfig("cacheblend", rho=float(amount), rho_after_neighbours=None)
+        if strategy in ("cacheblend", "query"):
+            return RepairConfig(strategy, rho=float(amount), rho_after_neighbours=None)
         if strategy == "boundary":
             return RepairConfig("boundary", boundary_tokens=int(amount))
     except ValueError as error:

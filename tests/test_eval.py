@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from kvboost_rag.config import ExactnessConfig, RepairConfig
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.report import format_table, write
 from kvboost_rag.eval.runner import paired_ci, run_eval
-from kvboost_rag.eval.variants import VARIANTS, Baseline, Variant, variants
+from kvboost_rag.eval.variants import VARIANTS, Baseline, Variant, rho_variants, variants
 from kvboost_rag.ops.logits import kl_divergence as first_token_kl
 from kvboost_rag.ops.logits import top_margin
 
@@ -407,3 +408,39 @@ def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:
     report.records["default"] = [record(0, 1.0), record(1, 0.0), record(2, 1.0)]
     summary = report.summary()
     assert summary["full"]["retention"] == 1.0 and summary["default"]["retention"] == 0.5
+
+
+def test_deviation_and_query_are_the_default_choosing_its_tokens_each_way() -> None:
+    baseline = Baseline(RepairConfig(rho=0.2, query_layers=3), ExactnessConfig(verify_margin=0.1))
+    default, deviation, query = variants(["default", "deviation", "query"], baseline)[1:]
+    assert deviation.repair == replace(baseline.repair, strategy="cacheblend")
+    assert query.repair == replace(baseline.repair, strategy="query")
+    for variant in (deviation, query):
+        assert (variant.mode, variant.exactness, variant.warming) == (default.mode, default.exactness, default.warming)
+
+
+def test_the_sweep_runs_each_choice_at_each_share_for_every_chunk_alike() -> None:
+    swept = rho_variants(Baseline(RepairConfig(), ExactnessConfig()), [0.05, 1.0], ["cacheblend", "query"])
+    assert [v.name for v in swept] == ["cacheblend@0.05", "cacheblend@1", "query@0.05", "query@1"]
+    assert all(v.repair is not None and v.repair.rho_after_neighbours is None for v in swept)
+    assert all(v.repair is not None and v.repair.rho_among_strangers is None for v in swept)
+    assert [v.repair.strategy for v in swept if v.repair] == ["cacheblend", "cacheblend", "query", "query"]
+    with pytest.raises(ValueError, match="unknown repair choices"):
+        rho_variants(Baseline(RepairConfig(), ExactnessConfig()), [0.1], ["deviation"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--strategy", "blend"], "repair strategy must be one of"),
+        (["--rho-sweep", "0.1", "--sweep-choices", "cacheblend,attention"], "unknown repair choices"),
+        (["--query-layers", "0"], "query-layers"),
+    ],
+)
+def test_cli_eval_refuses_an_unknown_repair_before_answering(tmp_path: Path, extra: list[str], words: str) -> None:
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(RECORDS))
+    arguments = ["eval", "--data", str(path), "--limit", "1", "--use-ctxs", "--k", "1", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, [*arguments, *extra])
+    assert result.exit_code == 2 and words in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "out").exists(), "nothing answered, nothing written"

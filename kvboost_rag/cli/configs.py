@@ -1,8 +1,8 @@
 """The option table's dataclass options in command-line form, so every command that takes them
 reads the same text: `--repair cacheblend:0.05`, `--verify-margin 0.1 --refresh`.
 
-`repair` is one flag, STRATEGY[:AMOUNT]; `exactness` is the eval's three flags (`--verify-margin`,
-`--verify-tokens`, `--refresh`), made into one `ExactnessConfig`.
+`repair` is one flag, STRATEGY[:AMOUNT]; `exactness` is the eval's four flags (`--verify-margin`,
+`--verify-tokens`, `--refresh`, `--settle-share`), made into one `ExactnessConfig`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ EXACTNESS_FLAGS: dict[str, tuple[Any, str]] = {
     "verify_margin": (float, "exactness: a leading answer token ahead by less than this is recomputed on exact KV"),
     "verify_tokens": (int, "exactness: leading answer tokens checked for near-ties (0: none)"),
     "refresh": (bool, "exactness: recompute the prompt after the first token (the exact answer)"),
+    "settle_share": (
+        float,
+        "exactness: a near-tied first token first recomputes this share of moved tokens (0: the prompt)",
+    ),
 }
 
 

@@ -125,7 +125,19 @@ def eval_command(
     rho_sweep: Annotated[
         str, typer.Option(help="CacheBlend rho values to sweep, comma list, e.g. 0.05,0.3,0.5 (none by default)")
     ] = "",
+    sweep_choices: Annotated[
+        str, typer.Option(help="how the swept repairs choose tokens, comma list: cacheblend (deviation), query")
+    ] = "cacheblend",
     sweep_limit: Annotated[int, typer.Option(help="questions for the rho sweep")] = 200,
+    strategy: Annotated[
+        str | None, typer.Option(help="'default': repair strategy (none, boundary, cacheblend, query)")
+    ] = None,
+    query_layers: Annotated[
+        int | None, typer.Option(help="query repair: last layers whose attention ranks the tokens", min=1)
+    ] = None,
+    max_tokens_per_run: Annotated[
+        int | None, typer.Option(help="repair: most tokens recomputed a reused run (0: no cap)", min=0)
+    ] = None,
     rho: Annotated[float | None, typer.Option(help="CacheBlend rho (default: the engine's)")] = None,
     check_layer: Annotated[int | None, typer.Option(help="CacheBlend check layer")] = None,
     deviation: Annotated[str | None, typer.Option(help="CacheBlend deviation: value or key")] = None,
@@ -140,6 +152,10 @@ def eval_command(
         int | None, typer.Option(help="'default': leading answer tokens checked for near-ties (0: none)")
     ] = None,
     refresh: Annotated[bool | None, typer.Option(help="'default': recompute the prompt after the first token")] = None,
+    settle_share: Annotated[
+        float | None,
+        typer.Option(help="'default': a near-tied first token first recomputes this share (0: the prompt)"),
+    ] = None,
     template: Annotated[
         str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")
     ] = None,
@@ -157,11 +173,12 @@ def eval_command(
 
     from tqdm import tqdm
 
+    from ..config import ExactnessConfig, RepairConfig
     from ..eval.data import default_nq_path, load_qa
     from ..eval.prompt import TEMPLATE
     from ..eval.report import format_table, write
     from ..eval.runner import run_eval
-    from ..eval.variants import Baseline, rho_variants
+    from ..eval.variants import Baseline, Variant, rho_variants
     from ..eval.variants import variants as build_variants
     from ..hf.fingerprint import weight_format
     from ..options import build_engine
@@ -177,29 +194,38 @@ def eval_command(
     if others_from is not None and (use_ctxs or random_others):
         raise typer.BadParameter("--others-from retrieves from two corpora: not with --use-ctxs or --random-others")
     other_corpus = _other_corpus(others_from) if others_from is not None else None
-    _say(f"loading the model ({options.get('model') or 'the default'})")
-    engine = build_engine({**options, "store": store_location(options.get("store"))})
     repair_changes: dict[str, Any] = dict(
+        strategy=strategy,
+        query_layers=query_layers,
         rho=rho,
         check_layer=check_layer,
         deviation=deviation,
         boundary_tokens=boundary_tokens,
         blend_boundary_tokens=blend_boundary_tokens,
     )
-    exactness_changes: dict[str, Any] = dict(verify_margin=verify_margin, verify_tokens=verify_tokens, refresh=refresh)
-    try:
-        baseline = Baseline(
-            replace(
-                engine.config.repair,
-                strategy="cacheblend",
-                **{k: v for k, v in repair_changes.items() if v is not None},
-            ),
-            replace(engine.config.exactness, **{k: v for k, v in exactness_changes.items() if v is not None}),
-        )
-        chosen_variants = build_variants([n.strip() for n in variants.split(",") if n.strip()], baseline)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from error
-    sweep = rho_variants(baseline, _floats(rho_sweep)) if rho_sweep else []
+    repair_changes = {k: v for k, v in repair_changes.items() if v is not None}
+    if max_tokens_per_run is not None:
+        repair_changes["max_tokens_per_run"] = max_tokens_per_run or None  # 0: no cap
+    exactness_changes: dict[str, Any] = dict(
+        verify_margin=verify_margin, verify_tokens=verify_tokens, refresh=refresh, settle_share=settle_share
+    )
+    exactness_changes = {k: v for k, v in exactness_changes.items() if v is not None}
+
+    def chosen_for(repair: RepairConfig, exactness: ExactnessConfig) -> tuple[list[Variant], list[Variant], Baseline]:
+        """The variants and the sweep over the engine's settings with the command line's changes."""
+        try:
+            baseline = Baseline(replace(repair, **repair_changes), replace(exactness, **exactness_changes))
+            chosen_variants = build_variants([n.strip() for n in variants.split(",") if n.strip()], baseline)
+            choices = [c.strip() for c in sweep_choices.split(",") if c.strip()]
+            sweep = rho_variants(baseline, _floats(rho_sweep), choices) if rho_sweep else []
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from error
+        return chosen_variants, sweep, baseline
+
+    chosen_for(RepairConfig(), ExactnessConfig())  # refused before the model loads
+    _say(f"loading the model ({options.get('model') or 'the default'})")
+    engine = build_engine({**options, "store": store_location(options.get("store"))})
+    chosen_variants, sweep, baseline = chosen_for(engine.config.repair, engine.config.exactness)
 
     other_index = None
     if use_ctxs:

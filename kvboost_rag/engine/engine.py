@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import MODES, EngineConfig, ExactnessConfig, Mode, RepairConfig, RepairStrategy
+from ..config import CHOOSING_STRATEGIES, MODES, EngineConfig, ExactnessConfig, Mode, RepairConfig, RepairStrategy
 from ..hf.attention import use_reuse_attention
 from ..hf.fingerprint import model_fingerprint
 from ..hf.loader import load_model, resolve_dtype
@@ -288,12 +288,36 @@ class KVBoostRAG:
         request.cache, request.logits, request.slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
         request.repair_tokens = request.recomputed_tokens = prefill.repair_tokens
         request.exact, request.exact_end = plan.tokens("approximate") == 0, plan.exact_end
+        if (
+            request.exactness.settle_share
+            and request.repair.strategy in CHOOSING_STRATEGIES
+            and not request.exact
+            and self._decoder.needs_exact(request, observer)
+        ):
+            self._settle(request, observer)
         request.first_logits = prefill.logits.cpu() if request.return_first_logits else None
         max_new = min(request.params.max_new_tokens, self.max_context - len(request.tokens))
         yield from self._decoder.run(request, max_new, observer)
         if request.store_prompt:
             self._keeper.keep(request)
         return request.result()
+
+    def _settle(self, request: Request, observer: DecodeObserver) -> None:
+        """A near-tied first token on moved KV: the prefill again with a larger share of the moved
+        tokens recomputed; the decode loop recomputes the whole prompt only if the tie remains."""
+        assert request.plan is not None  # planned before the prefill
+        started = time.perf_counter()
+        share = max(request.exactness.settle_share, request.repair.rho)
+        wider = replace(
+            request.repair, rho=share, rho_after_neighbours=None, rho_among_strangers=None, max_tokens_per_run=None
+        )
+        prefill = self._prefill.run(request.tokens, request.plan, StageTimings(), wider)
+        request.cache, request.logits, request.slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
+        request.repair_tokens = prefill.repair_tokens
+        request.recomputed_tokens += prefill.repair_tokens
+        request.timings.settle_s = time.perf_counter() - started
+        if request.return_first_logits:
+            request.first_logits = prefill.logits.cpu()
 
     def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
         with self.store.serving():  # the plan's chunks are not evicted while it is made

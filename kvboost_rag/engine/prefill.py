@@ -1,16 +1,18 @@
 """Prefill of one prompt from its reuse plan: assemble the cached KV, repair it, compute the rest.
 
-Three strategies share the assembly, chosen from a table by the repair's name: `none` (cached
+Four strategies share the assembly, chosen from a table by the repair's name: `none` (cached
 KV first, then one pass over the uncached tokens with an exact position mask), `boundary` (the
-plan with run starts computed, then the same pass) and `cacheblend` (every token through the
-first layers, then only the selected ones).
+plan with run starts computed, then the same pass), `cacheblend` (every token through the
+first layers, then only the selected ones) and `query` (the uncached tokens' pass, scoring the
+moved tokens by the question's attention, then the same pass with the top ones recomputed).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -20,8 +22,9 @@ from ..config import RepairConfig
 from ..hf.blend import SelectiveCache, selective_forward
 from ..hf.cache import forward_last_logits, make_cache
 from ..ops.attention import position_mask
+from ..ops.attention_received import AttentionReceived
 from ..ops.rope import rerotate_keys
-from ..ops.selection import blend_candidates, select_for_recompute
+from ..ops.selection import blend_candidates, select_for_recompute, top_share
 from ..plan.matching import ReusePlan
 from ..plan.repair import boundary_positions, repair_share, reused_runs, with_recomputed
 from ..plan.segments import Segment
@@ -30,6 +33,8 @@ from .result import StageTimings
 
 if TYPE_CHECKING:
     from ..store.entry import ChunkEntry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -100,20 +105,34 @@ class PrefillRunner:
         so no reordering is paid before the first token."""
         mark = time.perf_counter()
         query_positions = _positions([s for s in plan.segments if s.kind == "computed"], self.device)
-        mask = None
         if any(s.kind != "computed" for s in plan.segments):
             keys, values, cached_positions = self.assemble(plan)
-            cache = make_cache(keys, values)
-            slot_positions = torch.cat([cached_positions, query_positions])
-            if cached_positions[-1] > query_positions[0]:  # interleaved: the plain causal mask would be wrong
-                mask = position_mask(query_positions, slot_positions, self.dtype)
         else:
-            cache, slot_positions = make_cache(), query_positions
+            keys = values = None
+            cached_positions = query_positions[:0]
         timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
-
-        ids = torch.from_numpy(tokens).to(self.device)[query_positions]
-        logits = self.compute.run(forward_last_logits, self.model, ids, query_positions, cache, mask)
+        prefill = self._pass(tokens, keys, values, cached_positions, query_positions)
         timings.prefill_s = time.perf_counter() - mark
+        return prefill
+
+    def _pass(
+        self,
+        tokens: np.ndarray,
+        keys: torch.Tensor | None,
+        values: torch.Tensor | None,
+        cached_positions: torch.Tensor,
+        query_positions: torch.Tensor,
+        scores: AttentionReceived | None = None,
+    ) -> Prefill:
+        """One forward pass of the tokens at `query_positions` over cached K/V [L, H, n, D] at
+        `cached_positions` (None: no cache), with an exact position mask where they interleave."""
+        cache = make_cache(keys, values)
+        slot_positions = torch.cat([cached_positions, query_positions])
+        mask = None
+        if cached_positions.numel() and cached_positions[-1] > query_positions[0]:
+            mask = position_mask(query_positions, slot_positions, self.dtype)  # the causal mask would be wrong
+        ids = torch.from_numpy(tokens).to(self.device)[query_positions]
+        logits = self.compute.run(forward_last_logits, self.model, ids, query_positions, cache, mask, scores)
         return Prefill(cache, logits, slot_positions)
 
     def _none(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
@@ -161,8 +180,56 @@ class PrefillRunner:
         prefill.repair_tokens = int(moved[cache.selected].sum())
         return prefill
 
+    def _query(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
+        """Query-guided repair (FusionRAG): the uncached tokens over the reused KV, scoring each
+        cached token by the attention the question pays it in the last layers; then the top
+        share of moved tokens recomputed with the uncached ones over the rest."""
+        mark = time.perf_counter()
+        keys, values, cached_positions = self.assemble(plan)
+        query_positions = _positions([s for s in plan.segments if s.kind == "computed"], self.device)
+        layers = keys.shape[0]
+        # the question: the uncached tokens after the last moved one (the template's end at least)
+        last_moved = max(s.end for s in plan.segments if s.kind == "approximate")
+        question = int((query_positions >= last_moved).sum())
+        scores = AttentionReceived(
+            set(range(max(0, layers - repair.query_layers), layers)), question, len(cached_positions)
+        )
+        timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
+
+        scored = self._pass(tokens, keys, values, cached_positions, query_positions, scores)
+        if scores.scores is None:  # the model attends through another implementation: no scores
+            log.warning("kvboost-rag: %s records no attention scores; repairing with CacheBlend", type(self.model))
+            return self._blend(tokens, plan, timings, replace(repair, strategy="cacheblend"))
+        moved, forced = blend_candidates(plan, self.device)
+        forced.zero_()  # the uncached tokens are computed in any case
+        if repair.blend_boundary_tokens:
+            forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
+        rho = repair_share(plan, repair.rho, repair.rho_after_neighbours, repair.rho_among_strangers)
+        cap = repair.max_tokens_per_run
+        limit = cap * len(reused_runs(plan)) if cap is not None and rho < 1.0 else None
+        by_position = torch.zeros(len(tokens), device=self.device)
+        by_position[cached_positions] = scores.scores
+        selected = top_share(by_position, moved, forced, rho, limit)
+        timings.repair_s, mark = time.perf_counter() - mark, time.perf_counter()
+        if not selected.numel():
+            return scored  # nothing to repair: the question's pass is the prefill
+
+        kept = torch.ones(len(tokens), dtype=torch.bool, device=self.device)
+        kept[selected] = False
+        slots = kept[cached_positions]
+        recomputed = torch.cat([selected, query_positions]).sort().values
+        prefill = self._pass(tokens, keys[:, :, slots], values[:, :, slots], cached_positions[slots], recomputed)
+        prefill.repair_tokens = int(selected.numel())
+        timings.prefill_s = time.perf_counter() - mark
+        return prefill
+
     # by `RepairConfig.strategy`; `run` passes the runner itself (they are unbound functions here)
-    strategies: ClassVar[dict[str, Strategy]] = {"none": _none, "boundary": _boundary, "cacheblend": _blend}
+    strategies: ClassVar[dict[str, Strategy]] = {
+        "none": _none,
+        "boundary": _boundary,
+        "cacheblend": _blend,
+        "query": _query,
+    }
 
 
 def _positions(segments: Sequence[Segment], device: torch.device) -> torch.Tensor:

@@ -19,7 +19,8 @@ class StageTimings:
     assemble_s: float = 0.0  # gathering cached KV and re-rotating moved keys
     repair_s: float = 0.0  # CacheBlend: all tokens through the first layers and the selection
     prefill_s: float = 0.0  # forward pass over the computed (and repaired) tokens
-    verify_s: float = 0.0  # a near-tie first token recomputed on exact KV (RepairConfig.verify_margin)
+    settle_s: float = 0.0  # a near-tie first token's prefill again with a larger share (ExactnessConfig.settle_share)
+    verify_s: float = 0.0  # a near-tie first token recomputed on exact KV (ExactnessConfig.verify_margin)
     sample_s: float = 0.0
 
 

@@ -1,8 +1,10 @@
-"""The eval's frontier plot, read at a glance: what each variant costs in quality against what it
-saves in time. Two panels, EM (with the 95% interval of its paired difference from full prefill,
-which at a few questions spans tens of points) and first-token agreement with full prefill, each
-against median whole-answer time over full prefill's; one point a variant, named in the legend
-(names never overlap there); the CacheBlend rho sweep, if any, a line in rho order."""
+"""The eval's frontier plot, read at a glance: what each variant keeps of full prefill's answers
+against how soon its first token comes. Three panels against median TTFT over full prefill's:
+EM (with the 95% interval of its paired difference from full prefill, which at a few questions
+spans tens of points), whole answers equal to full prefill's, and retention (full prefill's right
+answers kept). One point a named variant (named in the legend, names never overlap there); each
+swept choice (`<choice>@<rho>`: CacheBlend's deviation, the question's attention) a line in rho
+order, its rho 1 point (every moved token recomputed: full prefill's KV up to rounding) ringed."""
 
 from __future__ import annotations
 
@@ -18,14 +20,23 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-SWEEP = "cacheblend@"  # the rho sweep's variant names: cacheblend@<rho>
 MARKERS = "osD^vP*Xph<>8H"
+PANELS = (
+    ("em", "EM (bars: 95% interval of the difference from full)", "EM (best subspan)"),
+    ("answer_agreement", "whole answer the same as full prefill's", "whole-answer agreement"),
+    ("retention", "full prefill's right answers kept", "retention"),
+)
 Stats = dict[str, float]
 
 
-def sweep_points(summary: dict[str, Stats]) -> list[tuple[float, Stats]]:
-    """The rho sweep's variants by rho, ascending (their names sort as text, not as numbers)."""
-    return sorted((float(name[len(SWEEP) :]), stats) for name, stats in summary.items() if name.startswith(SWEEP))
+def sweep_lines(summary: dict[str, Stats]) -> dict[str, list[tuple[float, Stats]]]:
+    """Each swept choice's variants by rho, ascending (their names sort as text, not as numbers)."""
+    lines: dict[str, list[tuple[float, Stats]]] = {}
+    for name, stats in summary.items():
+        choice, at, rho = name.partition("@")
+        if at:
+            lines.setdefault(choice, []).append((float(rho), stats))
+    return {choice: sorted(points, key=lambda point: point[0]) for choice, points in lines.items()}
 
 
 def _em_error(name: str, stats: Stats) -> list[list[float]] | None:
@@ -38,25 +49,35 @@ def _em_error(name: str, stats: Stats) -> list[list[float]] | None:
     return [[diff - low], [high - diff]]
 
 
-def _axes(axis: Axes, title: str, full_s: float) -> None:
+def _axes(axis: Axes, title: str, label: str, full_s: float) -> None:
     from matplotlib.ticker import FuncFormatter, PercentFormatter
 
     axis.set_title(title, fontsize=10)
+    axis.set_ylabel(label)
     axis.axvline(1.0, color="grey", linewidth=0.5)
     axis.yaxis.set_major_formatter(PercentFormatter(1.0))
     axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}x"))
-    axis.set_xlabel(f"median whole-answer time, x full prefill's ({full_s:.2f} s)")
+    axis.set_xlabel(f"median first-token time, x full prefill's ({full_s:.2f} s)")
     axis.grid(alpha=0.3)
 
 
-def _sweep(axis: Axes, points: list[tuple[float, Stats]], key: str) -> Artist:
-    """The sweep as one dashed line through its points in rho order, each point's rho beside it."""
-    xs, ys = [s["total_ratio_vs_full"] for _, s in points], [s[key] for _, s in points]
+def _sweep(axis: Axes, choice: str, points: list[tuple[float, Stats]], key: str, color: str) -> Artist:
+    """One choice's sweep as a dashed line through its points in rho order, each point's rho beside
+    it; rho 1 ringed."""
+    xs, ys = [s["ttft_ratio_vs_full"] for _, s in points], [s[key] for _, s in points]
     questions = int(points[0][1]["questions"])
-    (line,) = axis.plot(xs, ys, "--", color="grey", marker=".", zorder=1, label=f"CacheBlend rho sweep ({questions} q)")
+    (line,) = axis.plot(xs, ys, "--", color=color, marker=".", zorder=1, label=f"{choice} sweep ({questions} q)")
     for (rho, _), x, y in zip(points, xs, ys):
-        axis.annotate(f"rho={rho:g}", (x, y), xytext=(5, -10), textcoords="offset points", fontsize=7, color="dimgrey")
+        axis.annotate(f"rho={rho:g}", (x, y), xytext=(5, -10), textcoords="offset points", fontsize=7, color=color)
+        if rho >= 1.0:
+            axis.plot([x], [y], "o", markersize=11, markerfacecolor="none", markeredgecolor=color, zorder=1)
     return line
+
+
+def _limits(axis: Axes, key: str) -> None:
+    """A share axis spans what a share can be (EM's intervals may reach past it: clipped)."""
+    low, high = axis.get_ylim()
+    axis.set_ylim(max(low, 0.0 if key != "em" else -0.02), min(high, 1.02))
 
 
 def frontier_figure(report: EvalReport) -> Figure:
@@ -65,28 +86,30 @@ def frontier_figure(report: EvalReport) -> Figure:
     from matplotlib.figure import Figure
 
     summary = report.summary()
-    figure = Figure(figsize=(11, 5))
+    figure = Figure(figsize=(16, 5.5))
     FigureCanvasAgg(figure)
-    em_axis, agree_axis = figure.subplots(1, 2)
+    axes = figure.subplots(1, len(PANELS))
     full = summary.get("full", {})
-    full_s = full.get("total_median_s", math.nan)
-    _axes(em_axis, "EM (bars: 95% interval of the difference from full)", full_s)
-    _axes(agree_axis, "first token the same as full prefill's", full_s)
-    em_axis.set_ylabel("EM (best subspan)")
-    agree_axis.set_ylabel("first-token agreement")
+    full_s = full.get("ttft_median_s", math.nan)
+    for axis, (key, title, label) in zip(axes, PANELS):
+        _axes(axis, title, label, full_s)
     if "em" in full:
-        em_axis.axhline(full["em"], color="C0", linestyle=":", linewidth=1)
+        axes[0].axhline(full["em"], color="C0", linestyle=":", linewidth=1)
     handles: list[Artist] = []
-    named = [(name, stats) for name, stats in summary.items() if not name.startswith(SWEEP)]
+    named = [(name, stats) for name, stats in summary.items() if "@" not in name]
     for i, (name, stats) in enumerate(named):
         style = dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)], linestyle="none", markersize=7)
-        x = stats["total_ratio_vs_full"]
-        handles.append(em_axis.errorbar(x, stats["em"], yerr=_em_error(name, stats), capsize=3, label=name, **style))
-        agree_axis.plot(x, stats["first_token_agreement"], zorder=2, **style)
-    points = sweep_points(summary)
-    if points:
-        handles.append(_sweep(em_axis, points, "em"))
-        _sweep(agree_axis, points, "first_token_agreement")
+        x = stats["ttft_ratio_vs_full"]
+        handles.append(axes[0].errorbar(x, stats["em"], yerr=_em_error(name, stats), capsize=3, label=name, **style))
+        for axis, (key, _, _) in zip(axes[1:], PANELS[1:]):
+            axis.plot(x, stats[key], zorder=2, **style)
+    for j, (choice, points) in enumerate(sweep_lines(summary).items()):
+        color = ("dimgrey", "darkred", "darkgreen", "navy")[j % 4]
+        for axis, (key, _, _) in zip(axes, PANELS):
+            line = _sweep(axis, choice, points, key, color)
+        handles.append(line)
+    for axis, (key, _, _) in zip(axes, PANELS):
+        _limits(axis, key)
     columns = min(len(handles), 6)
     figure.legend(handles=handles, loc="lower center", ncol=columns, frameon=False, fontsize=9)
     settings = report.settings

@@ -7,7 +7,8 @@ CacheBlend's prefill; `default` is the engine as its settings stand, on document
 warmed alone and `nearest` on documents warmed each after its own nearest (FusionRAG's way, (N + 1)x
 the warming work); `sinks` is `default` with each moved run's first tokens always recomputed,
 `strangers-as-alone` the default with chunks warmed among documents the prompt lacks repaired as
-if warmed alone (the rule before issue 31's seventh pass).
+if warmed alone (the rule before issue 31's seventh pass); `deviation` and `query` the default
+choosing its tokens by CacheBlend's K deviation or by the question's attention.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..config import ExactnessConfig, Mode, RepairConfig
+from ..config import CHOOSING_STRATEGIES, ExactnessConfig, Mode, RepairConfig
 
 OFF = ExactnessConfig.off()
+SETTLE_SHARE = 0.5  # the `settle` variant's share, where the baseline settles no near-tie first
 SINK_TOKENS = 4  # where a moved run's KV is most wrong: its first tokens were a pass's attention sink
 
 # How the documents a variant reads were warmed: as the eval's corpus is (as `kvboost-rag warm`
@@ -46,7 +48,13 @@ class Baseline:
 
     @property
     def cacheblend(self) -> RepairConfig:
-        return self.repair if self.repair.strategy == "cacheblend" else RepairConfig()
+        """The baseline's repair, choosing by CacheBlend's K deviation."""
+        return replace(self.repair, strategy="cacheblend")
+
+    @property
+    def query(self) -> RepairConfig:
+        """The baseline's repair, choosing by the question's attention."""
+        return replace(self.repair, strategy="query")
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,6 +93,14 @@ VARIANTS: dict[str, Builder] = {
         "the engine as configured, documents warmed as kvboost-rag warm does (groups of neighbours)",
         lambda b: Variant("default", "reuse", b.repair, b.exactness),
     ),
+    "deviation": Builder(
+        "the default, moved tokens chosen by CacheBlend's K deviation at its check layer",
+        lambda b: Variant("deviation", "reuse", b.cacheblend, b.exactness),
+    ),
+    "query": Builder(
+        "the default, moved tokens chosen by the attention the question pays them (FusionRAG)",
+        lambda b: Variant("query", "reuse", b.query, b.exactness),
+    ),
     "plain": Builder(
         "the engine as configured, documents warmed alone",
         lambda b: Variant("plain", "reuse", b.repair, b.exactness, warming="alone"),
@@ -100,6 +116,16 @@ VARIANTS: dict[str, Builder] = {
     "strangers-as-alone": Builder(
         "the default, chunks warmed among documents the prompt lacks repaired as if warmed alone",
         lambda b: Variant("strangers-as-alone", "reuse", replace(b.repair, rho_among_strangers=None), b.exactness),
+    ),
+    "settle": Builder(
+        "the default, a near-tied first token settled by a larger share before the whole prompt",
+        lambda b: Variant(
+            "settle", "reuse", b.repair, replace(b.exactness, settle_share=b.exactness.settle_share or SETTLE_SHARE)
+        ),
+    ),
+    "whole-prompt-ties": Builder(
+        "the default, a near-tied first token settled by recomputing the whole prompt at once",
+        lambda b: Variant("whole-prompt-ties", "reuse", b.repair, replace(b.exactness, settle_share=0.0)),
     ),
     # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
     # refreshed after the first token, and both (the opt-in exact answer)
@@ -144,9 +170,18 @@ def variants(names: Iterable[str], baseline: Baseline) -> list[Variant]:
     return [VARIANTS[name](baseline) for name in ["full", *names]]
 
 
-def rho_variants(baseline: Baseline, rhos: Iterable[float]) -> list[Variant]:
-    """CacheBlend alone at each rho, for every chunk however it was warmed."""
+SWEPT_CHOICES = CHOOSING_STRATEGIES  # how a swept repair picks its tokens: deviation, the question's attention
+
+
+def rho_variants(baseline: Baseline, rhos: Iterable[float], choices: Iterable[str] = ("cacheblend",)) -> list[Variant]:
+    """Each choice alone (nothing verified after the prefill) at each share, one share for every
+    chunk however it was warmed: `<choice>@<rho>`, the frontier's lines."""
+    unknown = [c for c in choices if c not in SWEPT_CHOICES]
+    if unknown:
+        raise ValueError(f"unknown repair choices {unknown}; choose from {list(SWEPT_CHOICES)}")
+    flat = dict(rho_after_neighbours=None, rho_among_strangers=None)
     return [
-        Variant(f"cacheblend@{rho:g}", "reuse", replace(baseline.cacheblend, rho=rho, rho_after_neighbours=None), OFF)
+        Variant(f"{choice}@{rho:g}", "reuse", replace(baseline.repair, strategy=choice, rho=rho, **flat), OFF)  # type: ignore[arg-type]
+        for choice in choices
         for rho in rhos
     ]

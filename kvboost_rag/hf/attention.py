@@ -23,9 +23,10 @@ from ..ops.attention import (
     single_query_attention,
     single_query_on_matmuls,
 )
+from ..ops.attention_received import AttentionReceived
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .blend import ACTIVE_BLEND, SelectiveCache
-from .cache import decode_kv_for
+from .cache import SCORES_KEYWORD, decode_kv_for
 
 REUSE_ATTENTION = "kvboost_sdpa"
 
@@ -40,7 +41,12 @@ def few_queries_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention signature: grouped attention where it pays, sdpa elsewhere."""
+    """transformers' attention signature: grouped attention where it pays, sdpa elsewhere; the
+    attention a scored pass's last queries pay each key is recorded on the way (`SCORES_KEYWORD`)."""
+    scores: AttentionReceived | None = kwargs.pop(SCORES_KEYWORD, None)
+    if scores is not None:
+        scaled = scaling if scaling is not None else query.shape[-1] ** -0.5
+        scores.observe(getattr(module, "layer_idx", None), query, key, attention_mask, scaled)
     blend = ACTIVE_BLEND.get()
     if blend is not None and blend.narrows(module, query):
         return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)

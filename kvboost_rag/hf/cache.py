@@ -18,7 +18,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from ..ops.attention_received import AttentionReceived
+
 HEADROOM_TOKENS = 256  # room a layer's buffer keeps past what it holds: a short answer never regrows it
+# The forward keyword that hands an `AttentionReceived` to every layer's attention (transformers
+# passes a model's extra keywords down to its attention function): the query-guided repair's pass.
+SCORES_KEYWORD = "kvboost_scores"
 FLOAT_VALUES_BELOW_TOKENS = 2048  # a decode step reads fp32 values below, the bf16 buffer above (`decode_kv`)
 
 
@@ -212,14 +217,19 @@ def forward_last_logits(
     position_ids: torch.Tensor,
     cache: DynamicCache,
     attention_mask: torch.Tensor | None = None,
+    scores: AttentionReceived | None = None,
 ) -> torch.Tensor:
-    """Run tokens [q] at `position_ids` [q] over `cache` (which grows); logits of the last, fp32."""
+    """Run tokens [q] at `position_ids` [q] over `cache` (which grows); logits of the last, fp32.
+    `scores` records the attention the last queries pay each key (the engine's attention only:
+    `hf.attention`; a model on another implementation leaves it empty)."""
+    extra = {} if scores is None else {SCORES_KEYWORD: scores}
     with running_over(cache):
         out = model(
             input_ids=input_ids.view(1, -1),
             position_ids=position_ids.view(1, -1),
             attention_mask=attention_mask,
             **cache_argument(model, cache),
+            **extra,
             use_cache=True,
             logits_to_keep=1,
         )

@@ -1,5 +1,6 @@
 """The eval's report from made-up records, no model: the short table, the Markdown's layout and
-what the frontier plot shows (a labelled point a variant, EM's intervals, the sweep in rho order)."""
+what the frontier plot shows (a labelled point a variant, EM's intervals, a line a swept choice in
+rho order)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from kvboost_rag.eval.report import COLUMNS, SHORT_COLUMNS, format_table, markdo
 from kvboost_rag.eval.runner import EvalReport, Record
 
 NAMED = ("full", "default", "plain", "none")
-# Given out of rho order (and each with its own time): the plot must join them by rho.
+# Given out of rho order (and each with its own time): the plot must join them by rho, a line a choice.
 SWEEP = {"cacheblend@0.5": 1.5, "cacheblend@1": 2.0, "cacheblend@0.05": 0.6, "cacheblend@0.3": 1.2}
+QUERY_SWEEP = {"query@0.3": 0.9, "query@0.05": 0.4}
 
 
 def _record(question: int, em: float, total_s: float, agrees: bool = True) -> Record:
@@ -29,7 +31,7 @@ def _report() -> EvalReport:
     for n, name in enumerate(NAMED[1:]):
         ems = [0.0 if i == n else e for i, e in enumerate(full_em)]
         report.records[name] = [_record(i, e, 0.5 + 0.1 * n, agrees=i != n) for i, e in enumerate(ems)]
-    for name, time in SWEEP.items():
+    for name, time in {**SWEEP, **QUERY_SWEEP}.items():
         report.records[name] = [_record(i, full_em[i], time) for i in range(3)]
     return report
 
@@ -39,7 +41,7 @@ def test_the_terminal_table_is_short_unless_asked_for_every_column() -> None:
     short, wide = format_table(report).splitlines(), format_table(report, full=True).splitlines()
     assert short[0].split()[0] == "variant" and "1st tok agree" in short[0] and "answer x full" in short[0]
     assert "decode tok/s" not in short[0] and "decode tok/s" in wide[0]
-    assert len(short) == len(wide) == 1 + len(NAMED) + len(SWEEP)
+    assert len(short) == len(wide) == 1 + len(NAMED) + len(SWEEP) + len(QUERY_SWEEP)
     assert "[" in short[2], "the EM diff carries its paired 95% interval"
     assert len(SHORT_COLUMNS) == 9 and len(COLUMNS) == 22
 
@@ -59,18 +61,24 @@ def test_markdown_puts_the_short_table_first_and_every_column_under_its_own_head
     assert "| default | 5 | 40.0% | -20.0% [" in text
 
 
-def test_the_plot_names_each_variant_once_with_em_intervals_and_the_sweep_in_rho_order(tmp_path: Path) -> None:
+def test_the_plot_names_each_variant_once_with_em_intervals_and_a_line_a_choice_in_rho_order(tmp_path: Path) -> None:
     figure = frontier_figure(_report())
-    em_axis, agree_axis = figure.axes
+    em_axis, answer_axis, retention_axis = figure.axes
     legend = [text.get_text() for text in figure.legends[0].get_texts()]
-    assert legend[: len(NAMED)] == list(NAMED) and len(legend) == len(NAMED) + 1 and "rho sweep" in legend[-1]
+    assert legend[: len(NAMED)] == list(NAMED) and len(legend) == len(NAMED) + 2
+    assert legend[-2].startswith("cacheblend sweep") and legend[-1].startswith("query sweep")
     bars = [c for c in em_axis.containers if isinstance(c, ErrorbarContainer)]
     assert [c.has_yerr for c in bars] == [False, True, True, True], "every variant but full has its interval"
-    for axis in (em_axis, agree_axis):
-        (line,) = [line for line in axis.get_lines() if line.get_linestyle() == "--"]
-        assert list(line.get_xdata()) == sorted(SWEEP.values()), "the sweep joins its points in rho order"
+    for axis in (em_axis, answer_axis, retention_axis):
+        assert "first-token time" in axis.get_xlabel()
+        cacheblend, query = [line for line in axis.get_lines() if line.get_linestyle() == "--"]
+        # x is TTFT over full prefill's (each made-up TTFT half its time, full prefill's 0.5 s)
+        assert list(cacheblend.get_xdata()) == sorted(SWEEP.values()), "in rho order"
+        assert list(query.get_xdata()) == sorted(QUERY_SWEEP.values())
         rhos = [t.get_text() for t in axis.texts if t.get_text().startswith("rho=")]
-        assert rhos == ["rho=0.05", "rho=0.3", "rho=0.5", "rho=1"]
+        assert rhos == ["rho=0.05", "rho=0.3", "rho=0.5", "rho=1", "rho=0.05", "rho=0.3"]
+        ringed = [line for line in axis.get_lines() if line.get_markerfacecolor() == "none"]
+        assert [list(line.get_xdata()) for line in ringed] == [[SWEEP["cacheblend@1"]]], "rho 1 ringed"
         assert axis.yaxis.get_major_formatter()(0.5, 0).startswith("50")
     path = tmp_path / "frontier.png"
     plot(_report(), path)
