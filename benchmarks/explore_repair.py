@@ -10,6 +10,8 @@ JSON: benchmarks/results/explore_repair.json (or --out).
 
 from __future__ import annotations
 
+import functools
+
 from tqdm import tqdm
 
 from kvboost_lab import harness
@@ -18,24 +20,26 @@ from kvboost_rag.eval.report import format_table
 from kvboost_rag.eval.runner import run_eval
 from kvboost_rag.eval.variants import Variant
 
+# CacheBlend as these settings were recorded: no first tokens forced unless a setting names them
+CACHEBLEND = functools.partial(RepairConfig, "cacheblend", blend_boundary_tokens=0)
 SETTINGS = {
     "none": RepairConfig(strategy="none"),
     "boundary R=1": RepairConfig(strategy="boundary", boundary_tokens=1),
     "boundary R=4": RepairConfig(strategy="boundary", boundary_tokens=4),
     "boundary R=16": RepairConfig(strategy="boundary", boundary_tokens=16),
-    "blend .15 V c1": RepairConfig(rho=0.15, deviation="value", check_layer=1),
-    "blend .15 K c1": RepairConfig(rho=0.15, deviation="key", check_layer=1),
-    "blend .15 V c0": RepairConfig(rho=0.15, deviation="value", check_layer=0),
-    "blend .15 V c3": RepairConfig(rho=0.15, deviation="value", check_layer=3),
-    "blend .15 V c1 +R1": RepairConfig(rho=0.15, deviation="value", check_layer=1, blend_boundary_tokens=1),
-    "blend .15 V c1 +R4": RepairConfig(rho=0.15, deviation="value", check_layer=1, blend_boundary_tokens=4),
-    "blend .15 K c1 +R1": RepairConfig(rho=0.15, deviation="key", check_layer=1, blend_boundary_tokens=1),
-    "blend .30 V c1": RepairConfig(rho=0.30, deviation="value", check_layer=1),
+    "blend .15 V c1": CACHEBLEND(rho=0.15, deviation="value", check_layer=1),
+    "blend .15 K c1": CACHEBLEND(rho=0.15, deviation="key", check_layer=1),
+    "blend .15 V c0": CACHEBLEND(rho=0.15, deviation="value", check_layer=0),
+    "blend .15 V c3": CACHEBLEND(rho=0.15, deviation="value", check_layer=3),
+    "blend .15 V c1 +R1": CACHEBLEND(rho=0.15, deviation="value", check_layer=1, blend_boundary_tokens=1),
+    "blend .15 V c1 +R4": CACHEBLEND(rho=0.15, deviation="value", check_layer=1, blend_boundary_tokens=4),
+    "blend .15 K c1 +R1": CACHEBLEND(rho=0.15, deviation="key", check_layer=1, blend_boundary_tokens=1),
+    "blend .30 V c1": CACHEBLEND(rho=0.30, deviation="value", check_layer=1),
     "boundary R=16 T=16": RepairConfig(strategy="boundary", boundary_tokens=16, tail_tokens=16),
     "boundary R=8 T=8": RepairConfig(strategy="boundary", boundary_tokens=8, tail_tokens=8),
-    "blend .10 K c1 +R8": RepairConfig(rho=0.10, deviation="key", check_layer=1, blend_boundary_tokens=8),
-    "blend .05 K c1 +R16": RepairConfig(rho=0.05, deviation="key", check_layer=1, blend_boundary_tokens=16),
-    "blend .10 K c2": RepairConfig(rho=0.10, deviation="key", check_layer=2),
+    "blend .10 K c1 +R8": CACHEBLEND(rho=0.10, deviation="key", check_layer=1, blend_boundary_tokens=8),
+    "blend .05 K c1 +R16": CACHEBLEND(rho=0.05, deviation="key", check_layer=1, blend_boundary_tokens=16),
+    "blend .10 K c2": CACHEBLEND(rho=0.10, deviation="key", check_layer=2),
 }
 
 

@@ -17,7 +17,6 @@ JSON: benchmarks/results/query_choice_k{k}.json (or --out).
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -102,6 +101,11 @@ def main() -> None:
         if not plan.tokens("approximate"):
             continue
         moved, _ = blend_candidates(plan, engine.device)
+
+        def compare(name: str, logits: torch.Tensor) -> None:
+            kl.setdefault(name, []).append(kl_divergence(full_logits, logits))
+            agree.setdefault(name, []).append(bool(logits.argmax() == full_logits.argmax()))
+
         none = torch.zeros_like(moved)
         keys, values, cached_positions = runner.assemble(plan)
         computed = torch.cat([torch.arange(s.start, s.end) for s in plan.segments if s.kind == "computed"])
@@ -166,22 +170,12 @@ def main() -> None:
             logits = runner._pass(  # noqa: SLF001
                 tokens, keys[:, :, slots], values[:, :, slots], cached_positions[slots], recomputed
             ).logits
-            kl.setdefault(name, []).append(kl_divergence(full_logits, logits))
-            agree.setdefault(name, []).append(bool(logits.argmax() == full_logits.argmax()))
-        cb = engine.next_token_logits(prompt, mode="reuse", repair=blend)[0]
-        kl.setdefault("CacheBlend as the engine runs it", []).append(kl_divergence(full_logits, cb))
-        agree.setdefault("CacheBlend as the engine runs it", []).append(bool(cb.argmax() == full_logits.argmax()))
+            compare(name, logits)
+        compare("CacheBlend as the engine runs it", engine.next_token_logits(prompt, mode="reuse", repair=blend)[0])
 
-    summary = {
-        name: {
-            "first_token_kl_mean": statistics.fmean(kl[name]),
-            "first_token_agreement": statistics.fmean(agree[name]),
-        }
-        for name in kl
-    }
-    print(f"k={args.k}, rho={args.rho}, {len(kl['oracle (true K+V deviation)'])} questions, seed {args.seed}")
-    for name, row in sorted(summary.items(), key=lambda item: item[1]["first_token_kl_mean"]):
-        print(f"  {name:<42}  KL {row['first_token_kl_mean']:.4f}  agreement {row['first_token_agreement']:.1%}")
+    questions = len(kl["oracle (true K+V deviation)"])
+    title = f"k={args.k}, rho={args.rho}, {questions} questions, seed {args.seed}"
+    summary = harness.first_token_summary(kl, agree, title)
     settings = {key: str(value) if key == "out" else value for key, value in vars(args).items()}
     harness.write_json(args.out, {"settings": settings, "summary": summary})
 

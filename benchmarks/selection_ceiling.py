@@ -11,8 +11,6 @@ JSON: benchmarks/results/selection_ceiling_k{k}.json (or --out).
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 from tqdm import tqdm
 
@@ -52,7 +50,7 @@ def main() -> None:
     args = harness.parse(p)
     nq = harness.draw_nq(args.questions, args.k, args.seed)
     engine = harness.load_engine(args)
-    repair = RepairConfig(rho=args.rho)
+    repair = RepairConfig(strategy="cacheblend", rho=args.rho, blend_boundary_tokens=0)  # CacheBlend's own choice
     kl: dict[str, list[float]] = {name: [] for name in NAMES}
     agree: dict[str, list[bool]] = {name: [] for name in NAMES}
     for i in tqdm(range(len(nq)), unit="q"):
@@ -80,16 +78,7 @@ def main() -> None:
             kl[name].append(kl_divergence(full_logits, logits[name]))
             agree[name].append(bool(logits[name].argmax() == full_logits.argmax()))
 
-    summary = {
-        name: {
-            "first_token_kl_mean": statistics.fmean(kl[name]),
-            "first_token_agreement": statistics.fmean(agree[name]),
-        }
-        for name in NAMES
-    }
-    print(f"k={args.k}, rho={args.rho}, {args.questions} questions")
-    for name, row in summary.items():
-        print(f"  {name:<20}  KL {row['first_token_kl_mean']:.4f}  agreement {row['first_token_agreement']:.1%}")
+    summary = harness.first_token_summary(kl, agree, f"k={args.k}, rho={args.rho}, {args.questions} questions")
     settings = {key: str(value) if key == "out" else value for key, value in vars(args).items()}
     harness.write_json(args.out, {"settings": settings, "summary": summary})
 

@@ -39,39 +39,47 @@ def _check_optional_count(name: str, value: Any) -> None:
 class RepairConfig:
     """What the prefill recomputes of the moved (reused) KV.
 
-    `rho`: share of moved tokens CacheBlend recomputes after its check layer, at most
-    `max_tokens_per_run` for each reused run (a document's moved KV; None: no cap): a moved
-    document's error sits at its first tokens, where the attention sink was (EPIC), so a long
-    document needs no more repair than a short one. rho = 1 recomputes every moved token, cap or
-    not: full prefill's logits. `rho_after_neighbours`: the share for chunks whose document was
-    warmed after its nearest documents, one of which stands in the prompt (their KV is closer to
-    full prefill's, so less needs recomputing; None: `rho` for every chunk; rho 1 recomputes every
-    chunk whatever its warming). `rho_among_strangers`: the share for chunks warmed after
-    neighbours none of which stands in the prompt (their KV attended to text this prompt lacks,
-    and deviates more than KV warmed alone; None: `rho`, as if warmed alone);
-    a prompt's budget is each moved chunk's share of its tokens, spent on the most deviating
-    tokens of the whole prompt.
-    `strategy="query"` (FusionRAG's query-guided choice): the prompt's uncached tokens are first
-    computed over the reused KV, and the moved tokens ranked by the attention the question (the
-    tokens after the last moved one) pays them in the last `query_layers` layers; the same shares
-    and cap pick the top ones, recomputed with the uncached tokens in a second pass.
+    `strategy`: how the moved tokens to recompute are chosen. `query` (the default; FusionRAG's
+    query-guided choice): the prompt's uncached tokens are computed over the reused KV first, and
+    the moved tokens ranked by the attention the question (the uncached tokens after the last
+    moved one) pays them, summed over the last `query_layers` layers and every head; the top ones
+    are recomputed with the uncached tokens in a second pass. `cacheblend`: every token through
+    layers 0..`check_layer`, ranked by their K (or V: `deviation`) deviation there, the top ones
+    through the rest. At the same share the question's attention picks better (first-token KL
+    0.037 against 0.069, 0.053 with the same first tokens, at 0.15 of 60 NQ prompts' moved
+    tokens; docs/research-log.md, "Issue 51"), so it takes half of CacheBlend's former shares;
+    its first pass costs about twice CacheBlend's check at k=5 (~70 against ~30 ms), a share
+    that falls as prompts grow. `boundary`, `none`: see plan/repair.py.
+
+    `rho`: share of moved tokens recomputed, at most `max_tokens_per_run` for each reused run (a
+    document's moved KV; None: no cap): a moved document's error sits at its first tokens, where
+    the attention sink was (EPIC), so a long document needs no more repair than a short one, and
+    `blend_boundary_tokens` of each run's first tokens are recomputed besides. rho = 1 recomputes
+    every moved token, cap or not: full prefill's logits. `rho_after_neighbours`: the share for
+    chunks whose document was warmed after its nearest documents, one of which stands in the
+    prompt (their KV is closer to full prefill's, so less needs recomputing; None: `rho` for every
+    chunk; rho 1 recomputes every chunk whatever its warming). `rho_among_strangers`: the share for
+    chunks warmed after neighbours none of which stands in the prompt (their KV attended to text
+    this prompt lacks, and deviates more than KV warmed alone; None: `rho`, as if warmed alone);
+    a prompt's budget is each moved chunk's share of its tokens, spent on the top tokens of the
+    whole prompt.
     `min_reused_share`: below this share of moved tokens in a prompt, repair is skipped (little was
-    reused, little can be wrong). `narrow_check_layer`: the check layer's attention and
+    reused, little can be wrong). `narrow_check_layer`: CacheBlend's check layer's attention and
     feed-forward run for the selected tokens only (the next layer drops the rest); off runs them
     for every token, with the same logits, as the reference for that shortcut.
     """
 
-    strategy: RepairStrategy = "cacheblend"
-    rho: float = 0.15
-    rho_after_neighbours: float | None = 0.05
-    rho_among_strangers: float | None = 0.3
+    strategy: RepairStrategy = "query"
+    rho: float = 0.08
+    rho_after_neighbours: float | None = 0.03
+    rho_among_strangers: float | None = 0.15
     max_tokens_per_run: int | None = 32
     check_layer: int = 1
     deviation: Deviation = "key"
-    query_layers: int = 1
+    query_layers: int = 8
     boundary_tokens: int = 16
     tail_tokens: int = 0
-    blend_boundary_tokens: int = 0  # CacheBlend also recomputes this many first tokens of each run
+    blend_boundary_tokens: int = 4  # `cacheblend` and `query` also recompute this many first tokens of each run
     min_reused_share: float = 0.0
     narrow_check_layer: bool = True
 

@@ -108,7 +108,7 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     _engine(
         "repair",
         RepairStrategy | RepairConfig,
-        'How moved KV is repaired: "none", "boundary", "cacheblend" or a RepairConfig.',
+        'How moved KV is repaired: "query" (the default), "cacheblend", "boundary", "none" or a RepairConfig.',
     ),
     _engine("exactness", ExactnessConfig, "What the answer reads after its first token (an ExactnessConfig)."),
     _engine(

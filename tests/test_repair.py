@@ -51,29 +51,31 @@ def test_selection_picks_the_largest_deviations() -> None:
     assert select_for_recompute(fresh, cached, candidates, forced, rho=1.0, limit=1).tolist() == [0, 2]
 
 
-def test_a_long_documents_repair_is_capped_per_run(fresh_engine: KVBoostRAG, passages: list[str]) -> None:
+@pytest.mark.parametrize("strategy", ["query", "cacheblend"])
+def test_a_long_documents_repair_is_capped_per_run(
+    fresh_engine: KVBoostRAG, passages: list[str], strategy: str
+) -> None:
     """rho of a long document's tokens is more than its seam needs: at most max_tokens_per_run
-    of each moved run are recomputed (rho = 1 stays full prefill, cap or not)."""
+    of each moved run are recomputed (rho = 1 stays full prefill, cap or not), whichever choice
+    ranks them."""
     documents = ["\n".join(passages[0:4]), "\n".join(passages[4:8])]
     fresh_engine.warm(documents)
     prompt = rag_messages("Which came first?", documents[::-1])
     plan = fresh_engine.plan(prompt)
     runs = len(reused_runs(plan))
     assert runs >= 2 and plan.tokens("approximate") > 600
-    capped = fresh_engine.generate(
-        prompt, repair=RepairConfig(rho=0.3, max_tokens_per_run=8), exactness=OFF, max_new_tokens=1, store_prompt=False
-    )
-    uncapped = fresh_engine.generate(
-        prompt,
-        repair=RepairConfig(rho=0.3, max_tokens_per_run=None),
-        exactness=OFF,
-        max_new_tokens=1,
-        store_prompt=False,
-    )
+    repair = RepairConfig(strategy, rho=0.3, blend_boundary_tokens=0)  # type: ignore[arg-type]
+    options = dict(exactness=OFF, max_new_tokens=1, store_prompt=False)
+    capped = fresh_engine.generate(prompt, repair=replace(repair, max_tokens_per_run=8), **options)
+    uncapped = fresh_engine.generate(prompt, repair=replace(repair, max_tokens_per_run=None), **options)
     assert capped.repair_tokens == 8 * runs
     assert uncapped.repair_tokens == math.ceil(0.3 * plan.tokens("approximate"))
+    sinks = fresh_engine.generate(
+        prompt, repair=replace(repair, max_tokens_per_run=8, blend_boundary_tokens=4), **options
+    )
+    assert 8 * runs < sinks.repair_tokens <= 12 * runs, "each run's first 4 tokens besides the capped choice"
     full, _ = fresh_engine.next_token_logits(prompt, mode="full")
-    everything, _ = fresh_engine.next_token_logits(prompt, repair=RepairConfig(rho=1.0, max_tokens_per_run=8))
+    everything, _ = fresh_engine.next_token_logits(prompt, repair=replace(repair, rho=1.0, max_tokens_per_run=8))
     assert (everything - full).abs().max().item() <= 1e-3
     with pytest.raises(ValueError, match="max_tokens_per_run"):
         RepairConfig(max_tokens_per_run=-1)
@@ -169,13 +171,15 @@ def test_repair_moves_logits_toward_full_prefill(fresh_engine: KVBoostRAG, shuff
     assert kl(RepairConfig(strategy="boundary", boundary_tokens=32)) < none
 
 
-def test_result_reports_repair(fresh_engine: KVBoostRAG, shuffled_prompt: list) -> None:
-    result = fresh_engine.generate(shuffled_prompt, max_new_tokens=1, repair=RepairConfig(rho=0.15))
-    assert result.repair_strategy == "cacheblend"
+@pytest.mark.parametrize("strategy", ["query", "cacheblend"])
+def test_result_reports_repair(fresh_engine: KVBoostRAG, shuffled_prompt: list, strategy: str) -> None:
+    repair = RepairConfig(strategy, rho=0.15, blend_boundary_tokens=0)  # type: ignore[arg-type]
+    result = fresh_engine.generate(shuffled_prompt, max_new_tokens=1, repair=repair)
+    assert result.repair_strategy == strategy
     expected = np.ceil(0.15 * result.reused_approximate_tokens)
     assert result.repair_tokens == expected
     assert result.timings.repair_s > 0 and result.ttft_s >= result.timings.repair_s + result.timings.prefill_s
-    skipped = fresh_engine.generate(shuffled_prompt, max_new_tokens=1, repair=RepairConfig(min_reused_share=0.99))
+    skipped = fresh_engine.generate(shuffled_prompt, max_new_tokens=1, repair=replace(repair, min_reused_share=0.99))
     assert skipped.repair_tokens == 0 and skipped.timings.repair_s == 0
     with pytest.raises(ValueError, match="rho"):
         RepairConfig(rho=1.5)

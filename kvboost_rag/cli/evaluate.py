@@ -123,7 +123,10 @@ def eval_command(
         DEFAULT_VARIANTS
     ),
     rho_sweep: Annotated[
-        str, typer.Option(help="CacheBlend rho values to sweep, comma list, e.g. 0.05,0.3,0.5 (none by default)")
+        str,
+        typer.Option(
+            help="repair shares to sweep for each --sweep-choices, comma list, e.g. 0.05,0.3,0.5 (none by default)"
+        ),
     ] = "",
     sweep_choices: Annotated[
         str, typer.Option(help="how the swept repairs choose tokens, comma list: cacheblend (deviation), query")
@@ -138,12 +141,14 @@ def eval_command(
     max_tokens_per_run: Annotated[
         int | None, typer.Option(help="repair: most tokens recomputed a reused run (0: no cap)", min=0)
     ] = None,
-    rho: Annotated[float | None, typer.Option(help="CacheBlend rho (default: the engine's)")] = None,
+    rho: Annotated[
+        float | None, typer.Option(help="'default': share of moved tokens repaired (default: the engine's)")
+    ] = None,
     check_layer: Annotated[int | None, typer.Option(help="CacheBlend check layer")] = None,
     deviation: Annotated[str | None, typer.Option(help="CacheBlend deviation: value or key")] = None,
     boundary_tokens: Annotated[int | None, typer.Option(help="tokens recomputed at each run start (boundary)")] = None,
     blend_boundary_tokens: Annotated[
-        int | None, typer.Option(help="run-start tokens CacheBlend always recomputes")
+        int | None, typer.Option(help="'default': each moved run's first tokens always recomputed")
     ] = None,
     verify_margin: Annotated[
         float | None, typer.Option(help="a token leading by less than this is recomputed on exact KV")

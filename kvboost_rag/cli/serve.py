@@ -106,8 +106,9 @@ def serve(
     """Serve the OpenAI API (chat, completions, models) plus /kvboost/ warm and store routes.
 
     Requests that name no temperature sample at 1.0, OpenAI's default (the Python API's is 0):
-    --temperature sets another. --repair takes a strategy or STRATEGY:AMOUNT: cacheblend:0.05
-    recomputes 5% of moved tokens in every chunk, boundary:16 16 tokens at each run's start.
+    --temperature sets another. --repair takes a strategy or STRATEGY:AMOUNT: query:0.05 (or
+    cacheblend:0.05) recomputes 5% of moved tokens in every chunk, boundary:16 16 tokens at each
+    run's start.
     Bodies are read as JSON whatever their Content-Type says (curl -d works). The API's schema is
     at /openapi.json; there is no /docs page (Swagger UI loads from a CDN, blank offline).
     """

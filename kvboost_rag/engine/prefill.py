@@ -105,11 +105,11 @@ class PrefillRunner:
         so no reordering is paid before the first token."""
         mark = time.perf_counter()
         query_positions = _positions([s for s in plan.segments if s.kind == "computed"], self.device)
+        keys: torch.Tensor | None = None
+        values: torch.Tensor | None = None
+        cached_positions = query_positions[:0]
         if any(s.kind != "computed" for s in plan.segments):
             keys, values, cached_positions = self.assemble(plan)
-        else:
-            keys = values = None
-            cached_positions = query_positions[:0]
         timings.assemble_s, mark = time.perf_counter() - mark, time.perf_counter()
         prefill = self._pass(tokens, keys, values, cached_positions, query_positions)
         timings.prefill_s = time.perf_counter() - mark

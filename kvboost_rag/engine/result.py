@@ -17,7 +17,7 @@ class StageTimings:
     tokenize_s: float = 0.0
     lookup_s: float = 0.0
     assemble_s: float = 0.0  # gathering cached KV and re-rotating moved keys
-    repair_s: float = 0.0  # CacheBlend: all tokens through the first layers and the selection
+    repair_s: float = 0.0  # choosing what to repair: the question's pass (query) or the check layers (CacheBlend)
     prefill_s: float = 0.0  # forward pass over the computed (and repaired) tokens
     settle_s: float = 0.0  # a near-tie first token's prefill again with a larger share (ExactnessConfig.settle_share)
     verify_s: float = 0.0  # a near-tie first token recomputed on exact KV (ExactnessConfig.verify_margin)

@@ -163,6 +163,25 @@ def full_prefill_kv(engine: KVBoostRAG, tokens: np.ndarray) -> tuple[torch.Tenso
     return (logits, *stacked_kv(cache))
 
 
+def first_token_summary(
+    kl: dict[str, list[float]], agree: dict[str, list[bool]], title: str
+) -> dict[str, dict[str, float]]:
+    """Each named choice's mean first-token KL from full prefill and its agreement with full
+    prefill's first token, printed under `title`, lowest KL first (the selection studies' table)."""
+    summary = {
+        name: {
+            "first_token_kl_mean": statistics.fmean(kl[name]),
+            "first_token_agreement": statistics.fmean(agree[name]),
+        }
+        for name in kl
+    }
+    print(title)
+    width = max(map(len, summary), default=0)
+    for name, row in sorted(summary.items(), key=lambda item: item[1]["first_token_kl_mean"]):
+        print(f"  {name:<{width}}  KL {row['first_token_kl_mean']:.4f}  agreement {row['first_token_agreement']:.1%}")
+    return summary
+
+
 def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "mean": statistics.fmean(values)}
 

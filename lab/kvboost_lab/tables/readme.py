@@ -24,21 +24,14 @@ from .tiers import budget, redis_tier, store, warming
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # The eval results the top-level README's headline table reads: what users get today at k=5 (500
-# questions) and k=10 (200), each beside the repair rule before issue 31's seventh pass in one run;
-# k=10 (500) and k=20 (500) from before that rule; then k=10 on 500 questions from before groups
-# (documents warmed alone, the default until issue 31 and the `plain` variant now, beside each
-# after its 4 nearest with rho 0.05), then long documents.
+# questions) and k=10 (200), on questions the settings were not chosen on (seed 2), each beside the
+# repair before issue 51 in one run. The earlier headline runs are in benchmarks/README.md.
 HEADLINE_FILES = (
-    "issue31i/eval_k5_n500.json",
-    "issue31i/eval_k10_n200.json",
-    "issue31g/eval_k10_n500.json",
-    "issue31h/eval_k20_n500.json",
-    "frontier/eval_k10_n500.json",
-    "frontier/eval_k10_n500_nb4_rho005.json",
-    "frontier/eval_k10_n5_docs4.json",
+    "issue51/heldout_seed2/eval_k5_n500.json",
+    "issue51/heldout_seed2/eval_k10_n200.json",
 )
-HEADLINE_VARIANTS = ("full", "together", "default", "strangers", "strangers-as-alone", "nearest", "plain")
-HEADLINE_ORDER = ("full", "default", "strangers-as-alone", "nearest", "plain")  # by today's names
+HEADLINE_VARIANTS = ("full", "together", "default", "deviation", "strangers", "strangers-as-alone", "nearest", "plain")
+HEADLINE_ORDER = ("full", "default", "deviation", "strangers-as-alone", "nearest", "plain")  # by today's names
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
@@ -60,6 +53,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "explore_repair": eval_summary,
     "eval_": eval_summary,
     "selection_ceiling": selection,
+    "query_choice": selection,
     "verify_margin": verify,
     "where_error_sits": where,
 }
