@@ -39,21 +39,22 @@ def _check_optional_count(name: str, value: Any) -> None:
 class RepairConfig:
     """What the prefill recomputes of the moved (reused) KV.
 
-    `strategy`: how the moved tokens to recompute are chosen. `query` (the default; FusionRAG's
-    query-guided choice): the prompt's uncached tokens are computed over the reused KV first, and
-    the moved tokens ranked by the attention the question (the uncached tokens after the last
-    moved one) pays them, summed over the last `query_layers` layers and every head; the top ones
-    are recomputed with the uncached tokens in a second pass. `cacheblend`: every token through
-    layers 0..`check_layer`, ranked by their K (or V: `deviation`) deviation there, the top ones
-    through the rest. At the same share the question's attention picks better (first-token KL
-    0.037 against 0.069, 0.053 with the same first tokens, at 0.15 of 60 NQ prompts' moved
-    tokens; docs/research-log.md, "Issue 51"), so it takes half of CacheBlend's former shares;
-    its first pass costs about twice CacheBlend's check at k=5 (~70 against ~30 ms), a share
-    that falls as prompts grow. `boundary`, `none`: see plan/repair.py.
+    `strategy`: how the moved tokens to recompute are chosen. `cacheblend` (the default): every
+    token through layers 0..`check_layer`, ranked by their K (or V: `deviation`) deviation there,
+    the top ones through the rest (CacheBlend). `query` (FusionRAG's query-guided choice): the
+    prompt's uncached tokens are computed over the reused KV first, and the moved tokens ranked by
+    the attention the question (the uncached tokens after the last moved one) pays them, summed
+    over the last `query_layers` layers and every head; the top ones are recomputed with the
+    uncached tokens in a second pass. At the same share it picks better (first-token KL 0.037
+    against 0.069 at 0.15 of 60 NQ prompts' moved tokens), but its first pass costs ~70 ms against
+    CacheBlend's ~30 at k=5 on 2 CPU cores, and on 500 held-out questions its measured setting
+    (`query_guided()`) agreed with full prefill more often and answered right less often, later
+    (docs/research-log.md, "Issue 51"): an option, not the default. `boundary`, `none`: see
+    plan/repair.py.
 
     `rho`: share of moved tokens recomputed, at most `max_tokens_per_run` for each reused run (a
     document's moved KV; None: no cap): a moved document's error sits at its first tokens, where
-    the attention sink was (EPIC), so a long document needs no more repair than a short one, and
+    the attention sink was (EPIC), so a long document needs no more repair than a short one;
     `blend_boundary_tokens` of each run's first tokens are recomputed besides. rho = 1 recomputes
     every moved token, cap or not: full prefill's logits. `rho_after_neighbours`: the share for
     chunks whose document was warmed after its nearest documents, one of which stands in the
@@ -69,19 +70,25 @@ class RepairConfig:
     for every token, with the same logits, as the reference for that shortcut.
     """
 
-    strategy: RepairStrategy = "query"
-    rho: float = 0.08
-    rho_after_neighbours: float | None = 0.03
-    rho_among_strangers: float | None = 0.15
+    strategy: RepairStrategy = "cacheblend"
+    rho: float = 0.15
+    rho_after_neighbours: float | None = 0.05
+    rho_among_strangers: float | None = 0.3
     max_tokens_per_run: int | None = 32
     check_layer: int = 1
     deviation: Deviation = "key"
     query_layers: int = 8
     boundary_tokens: int = 16
     tail_tokens: int = 0
-    blend_boundary_tokens: int = 4  # `cacheblend` and `query` also recompute this many first tokens of each run
+    blend_boundary_tokens: int = 0  # `cacheblend` and `query` also recompute this many first tokens of each run
     min_reused_share: float = 0.0
     narrow_check_layer: bool = True
+
+    @classmethod
+    def query_guided(cls) -> RepairConfig:
+        """The query-guided repair as chosen on seed 1's questions: the last 8 layers' attention,
+        each moved run's first 4 tokens, half CacheBlend's shares (0.08 / 0.03 / 0.15)."""
+        return cls("query", rho=0.08, rho_after_neighbours=0.03, rho_among_strangers=0.15, blend_boundary_tokens=4)
 
     def __post_init__(self) -> None:
         if self.strategy not in REPAIR_STRATEGIES:

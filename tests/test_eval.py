@@ -384,12 +384,11 @@ def test_default_reads_documents_warmed_in_groups_and_nearest_its_own_store(
     assert shares["default"] == shares["nearest"] == shares["plain"], "nothing to warm after: every variant alone"
 
 
-def test_no_sinks_is_the_default_without_each_moved_runs_first_tokens() -> None:
+def test_sinks_is_the_default_with_each_moved_runs_first_tokens_recomputed() -> None:
     baseline = Baseline(RepairConfig(rho=0.2, check_layer=3), ExactnessConfig(verify_margin=0.1))
-    default, no_sinks = variants(["default", "no-sinks"], baseline)[1:]
-    assert default.repair is not None and default.repair.blend_boundary_tokens == 4, "the default forces them"
-    assert no_sinks.repair == RepairConfig(rho=0.2, check_layer=3, blend_boundary_tokens=0)
-    assert (no_sinks.mode, no_sinks.exactness, no_sinks.warming) == (default.mode, default.exactness, default.warming)
+    default, sinks = variants(["default", "sinks"], baseline)[1:]
+    assert sinks.repair == RepairConfig(rho=0.2, check_layer=3, blend_boundary_tokens=4) != default.repair
+    assert (sinks.mode, sinks.exactness, sinks.warming) == (default.mode, default.exactness, default.warming)
 
 
 def test_strangers_as_alone_is_the_default_with_the_rule_before_strangers_had_a_share() -> None:
@@ -411,13 +410,12 @@ def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:
     assert summary["full"]["retention"] == 1.0 and summary["default"]["retention"] == 0.5
 
 
-def test_deviation_and_query_are_the_default_choosing_its_tokens_each_way() -> None:
-    baseline = Baseline(RepairConfig(rho=0.2, query_layers=3), ExactnessConfig(verify_margin=0.1))
+def test_deviation_is_the_default_by_cacheblend_and_query_the_query_guided_repair() -> None:
+    baseline = Baseline(RepairConfig(strategy="query", rho=0.2), ExactnessConfig(verify_margin=0.1))
     default, deviation, query = variants(["default", "deviation", "query"], baseline)[1:]
-    assert deviation.repair == RepairConfig(
-        strategy="cacheblend", rho=0.15, rho_after_neighbours=0.05, rho_among_strangers=0.3, blend_boundary_tokens=0
-    ), "the default before issue 51"
-    assert query.repair == replace(baseline.repair, strategy="query")
+    assert deviation.repair == replace(baseline.repair, strategy="cacheblend")
+    assert query.repair == RepairConfig.query_guided() and query.repair.strategy == "query"
+    assert query.repair.blend_boundary_tokens == 4 and query.repair.rho < RepairConfig().rho
     for variant in (deviation, query):
         assert (variant.mode, variant.exactness, variant.warming) == (default.mode, default.exactness, default.warming)
 

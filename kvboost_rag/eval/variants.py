@@ -5,10 +5,10 @@ row shows what that technique buys; `verify`, `refresh` and `exact` add a step a
 CacheBlend's prefill; `default` is the engine as its settings stand, on documents warmed as
 `kvboost-rag warm` warms them (in groups of mutual neighbours), `plain` the same on documents
 warmed alone and `nearest` on documents warmed each after its own nearest (FusionRAG's way, (N + 1)x
-the warming work); `no-sinks` is `default` without each moved run's first tokens always recomputed,
+the warming work); `sinks` is `default` with each moved run's first tokens always recomputed,
 `strangers-as-alone` the default with chunks warmed among documents the prompt lacks repaired as
-if warmed alone (the rule before issue 31's seventh pass); `deviation` and `query` the default
-choosing its tokens by CacheBlend's K deviation or by the question's attention.
+if warmed alone (the rule before issue 31's seventh pass); `deviation` the default choosing its
+tokens by CacheBlend's K deviation, `query` the query-guided repair as measured in issue 51.
 """
 
 from __future__ import annotations
@@ -20,11 +20,7 @@ from typing import Literal
 from ..config import CHOOSING_STRATEGIES, ExactnessConfig, Mode, RepairConfig
 
 OFF = ExactnessConfig.off()
-# The default repair before issue 51: moved tokens chosen by CacheBlend's K deviation at layer 1,
-# at larger shares by how a chunk was warmed, no sinks forced.
-BEFORE_QUERY = RepairConfig(
-    strategy="cacheblend", rho=0.15, rho_after_neighbours=0.05, rho_among_strangers=0.3, blend_boundary_tokens=0
-)
+SINK_TOKENS = 4  # where a moved run's KV is most wrong: its first tokens were a pass's attention sink
 SETTLE_SHARE = 0.5  # the `settle` variant's share, where the baseline settles no near-tie first
 
 # How the documents a variant reads were warmed: as the eval's corpus is (as `kvboost-rag warm`
@@ -54,11 +50,6 @@ class Baseline:
     def cacheblend(self) -> RepairConfig:
         """The baseline's repair, choosing by CacheBlend's K deviation."""
         return replace(self.repair, strategy="cacheblend")
-
-    @property
-    def query(self) -> RepairConfig:
-        """The baseline's repair, choosing by the question's attention."""
-        return replace(self.repair, strategy="query")
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,12 +89,12 @@ VARIANTS: dict[str, Builder] = {
         lambda b: Variant("default", "reuse", b.repair, b.exactness),
     ),
     "deviation": Builder(
-        "the repair before issue 51: CacheBlend's K deviation, shares 0.15 / 0.05 / 0.3, no sinks",
-        lambda b: Variant("deviation", "reuse", BEFORE_QUERY, b.exactness),
+        "the default, moved tokens chosen by CacheBlend's K deviation at its check layer",
+        lambda b: Variant("deviation", "reuse", b.cacheblend, b.exactness),
     ),
     "query": Builder(
-        "the default, moved tokens chosen by the attention the question pays them (FusionRAG)",
-        lambda b: Variant("query", "reuse", b.query, b.exactness),
+        "the query-guided repair (RepairConfig.query_guided(): the question's attention, FusionRAG)",
+        lambda b: Variant("query", "reuse", RepairConfig.query_guided(), b.exactness),
     ),
     "plain": Builder(
         "the engine as configured, documents warmed alone",
@@ -113,9 +104,9 @@ VARIANTS: dict[str, Builder] = {
         "the engine as configured, documents warmed each after its own nearest",
         lambda b: Variant("nearest", "reuse", b.repair, b.exactness, warming="nearest"),
     ),
-    "no-sinks": Builder(
-        "the default without each moved run's first 4 tokens always recomputed (EPIC's sinks)",
-        lambda b: Variant("no-sinks", "reuse", replace(b.repair, blend_boundary_tokens=0), b.exactness),
+    "sinks": Builder(
+        "the default, each moved run's first 4 tokens always recomputed (EPIC's sinks)",
+        lambda b: Variant("sinks", "reuse", replace(b.repair, blend_boundary_tokens=SINK_TOKENS), b.exactness),
     ),
     "strangers-as-alone": Builder(
         "the default, chunks warmed among documents the prompt lacks repaired as if warmed alone",
