@@ -288,6 +288,7 @@ class KVBoostRAG:
         request.cache, request.logits, request.slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
         request.repair_tokens = request.recomputed_tokens = prefill.repair_tokens
         request.exact, request.exact_end = plan.tokens("approximate") == 0, plan.exact_end
+        request.first_logits = prefill.logits.cpu() if request.return_first_logits else None
         if (
             request.exactness.settle_share
             and request.repair.strategy in CHOOSING_STRATEGIES
@@ -295,7 +296,6 @@ class KVBoostRAG:
             and self._decoder.needs_exact(request, observer)
         ):
             self._settle(request, observer)
-        request.first_logits = prefill.logits.cpu() if request.return_first_logits else None
         max_new = min(request.params.max_new_tokens, self.max_context - len(request.tokens))
         yield from self._decoder.run(request, max_new, observer)
         if request.store_prompt:
