@@ -28,6 +28,7 @@ from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.retrieval import corpus_index
 from kvboost_rag.hf.blend import SelectiveCache, selective_forward
 from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, groups_among
+from kvboost_rag.ops.attention_received import last_rows_attention
 from kvboost_rag.ops.logits import kl_divergence
 from kvboost_rag.ops.selection import blend_candidates, deviation, top_share
 from kvboost_rag.plan.repair import reused_runs
@@ -36,26 +37,16 @@ from kvboost_rag.plan.repair import reused_runs
 class PerHead:
     """The attention the question's rows pay each key, kept per layer and head: [L, H, slots]."""
 
-    def __init__(self, layers: int, rows: int, slots: int) -> None:
+    def __init__(self, rows: int, slots: int) -> None:
         self.rows, self.slots = rows, slots
         self.layers: dict[int, torch.Tensor] = {}
 
-    def observe(self, layer: int | None, query: torch.Tensor, key: torch.Tensor, mask, scale: float) -> None:  # noqa: ANN001
-        heads, queries = query.shape[1], query.shape[2]
-        kv_heads, length = key.shape[1], key.shape[2]
-        rows = min(self.rows, queries)
-        group = heads // kv_heads
-        q = query[0, :, queries - rows :].float() * scale  # [H, r, D]
-        k = key[0].float().repeat_interleave(group, dim=0)  # [H, n, D]
-        logits = q @ k.transpose(1, 2)
-        if mask is None:
-            allowed = torch.arange(length).view(1, -1) <= torch.arange(length - rows, length).view(-1, 1)
-            logits.masked_fill_(~allowed, float("-inf"))
-        else:
-            tail = mask[0, 0, queries - rows :, :length]
-            logits = logits.masked_fill(~tail, float("-inf")) if tail.dtype == torch.bool else logits + tail.float()
+    def observe(
+        self, layer: int | None, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scale: float
+    ) -> None:
         assert layer is not None
-        self.layers[layer] = logits.softmax(-1).sum(dim=1)[:, : self.slots]  # [H, slots]
+        attention = last_rows_attention(query, key, mask, scale, self.rows)  # [H, rows, n]
+        self.layers[layer] = attention.sum(dim=1)[:, : self.slots]
 
 
 def rankings(attention: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -110,7 +101,7 @@ def main() -> None:
         keys, values, cached_positions = runner.assemble(plan)
         computed = torch.cat([torch.arange(s.start, s.end) for s in plan.segments if s.kind == "computed"])
         last_moved = max(s.end for s in plan.segments if s.kind == "approximate")
-        recorder = PerHead(keys.shape[0], int((computed >= last_moved).sum()), len(cached_positions))
+        recorder = PerHead(int((computed >= last_moved).sum()), len(cached_positions))
         runner._pass(tokens, keys, values, cached_positions, computed, recorder)  # noqa: SLF001
         attention = torch.stack([recorder.layers[layer] for layer in sorted(recorder.layers)])
         n = len(tokens)

@@ -295,14 +295,14 @@ class KVBoostRAG:
             and not request.exact
             and self._decoder.needs_exact(request, observer)
         ):
-            self._settle(request, observer)
+            self._settle(request)
         max_new = min(request.params.max_new_tokens, self.max_context - len(request.tokens))
         yield from self._decoder.run(request, max_new, observer)
         if request.store_prompt:
             self._keeper.keep(request)
         return request.result()
 
-    def _settle(self, request: Request, observer: DecodeObserver) -> None:
+    def _settle(self, request: Request) -> None:
         """A near-tied first token on moved KV: the prefill again with a larger share of the moved
         tokens recomputed; the decode loop recomputes the whole prompt only if the tie remains."""
         assert request.plan is not None  # planned before the prefill

@@ -157,13 +157,10 @@ class PrefillRunner:
         # layer writes them before attention reads them.
         mixed_keys, mixed_values, _ = self.assemble(plan, in_position_order=True)
         layers = mixed_keys.shape[0]
-        moved, forced = blend_candidates(plan, self.device)
-        if repair.blend_boundary_tokens:
-            forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
+        moved, uncached = blend_candidates(plan, self.device)
+        sinks, rho, limit = self._budget(plan, repair, moved)
+        forced = uncached | sinks
         use_values = repair.deviation == "value"
-        cap = repair.max_tokens_per_run
-        rho = repair_share(plan, repair.rho, repair.rho_after_neighbours, repair.rho_among_strangers)
-        limit = cap * len(reused_runs(plan)) if cap is not None and rho < 1.0 else None
 
         def select(layer: int, fresh_keys: torch.Tensor, fresh_values: torch.Tensor) -> torch.Tensor:
             fresh, cached = (fresh_values, mixed_values[layer]) if use_values else (fresh_keys, mixed_keys[layer])
@@ -179,6 +176,18 @@ class PrefillRunner:
         prefill = Prefill(make_cache(mixed_keys, mixed_values), logits, torch.arange(n, device=self.device))
         prefill.repair_tokens = int(moved[cache.selected].sum())
         return prefill
+
+    @staticmethod
+    def _budget(plan: ReusePlan, repair: RepairConfig, moved: torch.Tensor) -> tuple[torch.Tensor, float, int | None]:
+        """What a choosing repair (CacheBlend's or the question's) spends on moved tokens: each
+        moved run's first `blend_boundary_tokens` always (a mask like `moved`), the share by how
+        each chunk was warmed, and the cap of tokens over all runs (None: no cap)."""
+        sinks = torch.zeros_like(moved)
+        if repair.blend_boundary_tokens:
+            sinks[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
+        rho = repair_share(plan, repair.rho, repair.rho_after_neighbours, repair.rho_among_strangers)
+        cap = repair.max_tokens_per_run
+        return sinks, rho, cap * len(reused_runs(plan)) if cap is not None and rho < 1.0 else None
 
     def _query(self, tokens: np.ndarray, plan: ReusePlan, timings: StageTimings, repair: RepairConfig) -> Prefill:
         """Query-guided repair (FusionRAG): the uncached tokens over the reused KV, scoring each
@@ -200,16 +209,11 @@ class PrefillRunner:
         if scores.scores is None:  # the model attends through another implementation: no scores
             log.warning("kvboost-rag: %s records no attention scores; repairing with CacheBlend", type(self.model))
             return self._blend(tokens, plan, timings, replace(repair, strategy="cacheblend"))
-        moved, forced = blend_candidates(plan, self.device)
-        forced.zero_()  # the uncached tokens are computed in any case
-        if repair.blend_boundary_tokens:
-            forced[list(boundary_positions(plan, repair.blend_boundary_tokens, 0))] = True
-        rho = repair_share(plan, repair.rho, repair.rho_after_neighbours, repair.rho_among_strangers)
-        cap = repair.max_tokens_per_run
-        limit = cap * len(reused_runs(plan)) if cap is not None and rho < 1.0 else None
+        moved, _ = blend_candidates(plan, self.device)  # the uncached tokens are computed in any case
+        sinks, rho, limit = self._budget(plan, repair, moved)
         by_position = torch.zeros(len(tokens), device=self.device)
         by_position[cached_positions] = scores.scores
-        selected = top_share(by_position, moved, forced, rho, limit)
+        selected = top_share(by_position, moved, sinks, rho, limit)
         timings.repair_s, mark = time.perf_counter() - mark, time.perf_counter()
         if not selected.numel():
             return scored  # nothing to repair: the question's pass is the prefill

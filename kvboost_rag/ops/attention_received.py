@@ -30,27 +30,33 @@ class AttentionReceived:
         mask: torch.Tensor | None,
         scale: float,
     ) -> None:
-        """One layer's queries [1, heads, q, d] over its keys [1, kv_heads, n, d] (grouped: head h
-        reads key head h // group) under its mask [1, 1, q, >= n] (additive or boolean; None:
-        causal, the queries being the last q keys)."""
+        """One layer's attention (`last_rows_attention`'s arguments), added where it is scored."""
         if layer not in self.layers:
             return
-        heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
-        kv_heads, length = key.shape[1], key.shape[2]
-        rows = min(self.rows, queries)
-        grouped = (query[0, :, queries - rows :].float() * scale).reshape(kv_heads, heads // kv_heads * rows, head_dim)
-        logits = torch.matmul(grouped, key[0].float().transpose(1, 2))  # [kv_heads, group * rows, n]
-        logits = logits.view(kv_heads, heads // kv_heads, rows, length)
-        if mask is None:  # causal: query i of q stands at key n - q + i
-            row_positions = torch.arange(length - rows, length, device=key.device).view(-1, 1)
-            allowed = torch.arange(length, device=key.device).view(1, -1) <= row_positions
-            logits.masked_fill_(~allowed, float("-inf"))
-        else:
-            tail = mask[0, 0, queries - rows :, :length]
-            if tail.dtype == torch.bool:
-                logits.masked_fill_(~tail, float("-inf"))
-            else:
-                logits.add_(tail.float())
-        received = logits.softmax(dim=-1).sum(dim=(0, 1, 2))[: self.slots]
+        received = last_rows_attention(query, key, mask, scale, self.rows).sum(dim=(0, 1))[: self.slots]
         self.scores = received if self.scores is None else self.scores + received
         self.seen.add(layer)
+
+
+def last_rows_attention(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scale: float, rows: int
+) -> torch.Tensor:
+    """The softmax attention of the last `rows` queries [1, heads, q, d] over keys [1, kv_heads, n,
+    d] (grouped: head h reads key head h // group) under the pass's mask [1, 1, q, >= n] (additive or
+    boolean; None: causal, the queries being the last q keys): [heads, rows, n], fp32."""
+    heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
+    kv_heads, length = key.shape[1], key.shape[2]
+    rows = min(rows, queries)
+    grouped = (query[0, :, queries - rows :].float() * scale).reshape(kv_heads, heads // kv_heads * rows, head_dim)
+    logits = torch.matmul(grouped, key[0].float().transpose(1, 2)).view(heads, rows, length)
+    if mask is None:  # causal: query i of q stands at key n - q + i
+        row_positions = torch.arange(length - rows, length, device=key.device).view(-1, 1)
+        allowed = torch.arange(length, device=key.device).view(1, -1) <= row_positions
+        logits.masked_fill_(~allowed, float("-inf"))
+    else:
+        tail = mask[0, 0, queries - rows :, :length]
+        if tail.dtype == torch.bool:
+            logits.masked_fill_(~tail, float("-inf"))
+        else:
+            logits.add_(tail.float())
+    return logits.softmax(dim=-1)

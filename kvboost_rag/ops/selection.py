@@ -1,7 +1,7 @@
 """The repair's token choice: rank the moved tokens by a score, recompute the top share.
 
 Two scores rank them: CacheBlend's K or V deviation at its check layer (`deviation`), and the
-attention the question pays them (`hf.attention_scores`, the query-guided repair); one pick
+attention the question pays them (`ops.attention_received`, the query-guided repair); one pick
 (`top_share`) serves both.
 """
 
