@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 from kvboost_lab import harness
-from kvboost_lab.redis_server import local_redis
 from kvboost_rag import ChunkStore, EngineConfig, ExactnessConfig, KVBoostRAG, RepairConfig
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.store.disk import DiskStore
 from kvboost_rag.store.redis import RedisStore
+from kvboost_rag.testing.redis_server import local_redis
 
 AS_LOADED = ExactnessConfig(verify_margin=0.0, refresh=False)  # nothing recomputed after the prefill
 

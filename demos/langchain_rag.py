@@ -39,7 +39,7 @@ def main() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # sentence-transformers' own deprecations
         embeddings = HuggingFaceEmbeddings(
-            model_name=str(default_embedder_path()), encode_kwargs={"normalize_embeddings": True}
+            model_name=default_embedder_path(), encode_kwargs={"normalize_embeddings": True}
         )
     started = time.perf_counter()
     vectorstore = FAISS.from_documents(documents, embeddings)

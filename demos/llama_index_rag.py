@@ -46,7 +46,7 @@ def main() -> None:
     documents = [Document(text=e.passages[0].text, metadata={"title": e.passages[0].title}) for e in examples]
     print("Loading the embedded default model and all-MiniLM-L6-v2 ...")
     engine = KVBoostRAG.from_pretrained(store="memory")  # each run starts cold and leaves no files
-    embed_model = HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu")
+    embed_model = HuggingFaceEmbedding(model_name=default_embedder_path(), device="cpu")
 
     ingestion = [SentenceSplitter(chunk_size=512, chunk_overlap=0)]
     if args.warm_at == "ingestion":

@@ -10,14 +10,18 @@ booleans as "1"/"true"/"yes".
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import is_dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from .config import parse_repair
-from .options import ENGINE_OPTIONS, LOAD_OPTIONS, Option
+from .options import BUILD_OPTION_NAMES, ENGINE_OPTIONS, LOAD_OPTIONS, OPTIONS, Option, build_engine
 from .sizes import parse_size
+
+if TYPE_CHECKING:
+    from .engine import KVBoostRAG
 
 ENV_PREFIX = "KVBOOST_RAG_"
 _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
@@ -86,3 +90,28 @@ def with_environment(
         if name not in given or merged.get(name) is None:
             merged[name] = value
     return merged
+
+
+_DEFAULT_ENGINES: dict[tuple[tuple[str, str], ...], KVBoostRAG] = {}
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_engine() -> KVBoostRAG:
+    """The engine no argument describes: every option at its default or its KVBOOST_RAG_<OPTION>
+    variable. Built once per process (per distinct environment) and shared, so `ChatKVBoost()`,
+    `KVBoostLLM()` and a warming helper given no engine hold one model and one store: what one
+    warms, the others reuse."""
+    values = with_environment({o.name: o.default for o in OPTIONS})
+    key = tuple(sorted((name, repr(values.get(name))) for name in BUILD_OPTION_NAMES))
+    with _DEFAULT_LOCK:
+        if key not in _DEFAULT_ENGINES:
+            _DEFAULT_ENGINES[key] = build_engine(values)
+        return _DEFAULT_ENGINES[key]
+
+
+def engine_for(values: Mapping[str, Any], given: Iterable[str]) -> KVBoostRAG:
+    """The engine a front-end's options describe: its own where an option that builds one was
+    `given`, else the process's `default_engine()` (its per-call options still apply per call)."""
+    if BUILD_OPTION_NAMES & set(given):
+        return build_engine(values)
+    return default_engine()

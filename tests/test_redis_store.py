@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import redis
 
-from kvboost_lab.redis_server import LocalRedis, local_cluster, local_redis
 from kvboost_rag import EngineConfig, ExactnessConfig, KVBoostRAG
 from kvboost_rag.engine.inputs import can_be_neighbour
 from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, groups_among, nearest_texts
@@ -28,6 +27,7 @@ from kvboost_rag.store.redis import RedisLocation, RedisStore
 from kvboost_rag.store.redis.guard import RedisUnavailable
 from kvboost_rag.store.redis.layout import KeyLayout
 from kvboost_rag.store.settings import StoreSettingsError
+from kvboost_rag.testing.redis_server import LocalRedis, local_cluster, local_redis
 
 VERIFIED = ExactnessConfig(verify_margin=1.0, refresh=False)  # every moved token checked: full prefill's answer
 AS_LOADED = ExactnessConfig(verify_margin=0.0, refresh=False)  # nothing recomputed: what the tier served, used
@@ -406,7 +406,7 @@ def test_the_tiers_share_one_match_window(
 
 
 def test_a_cluster_that_cannot_be_reached_is_a_warning(tiny_engine: KVBoostRAG, passages: list[str]) -> None:
-    from kvboost_lab.redis_server import free_port
+    from kvboost_rag.testing.redis_server import free_port
 
     with pytest.warns(UserWarning, match="cannot be reached"):
         engine = worker(tiny_engine, f"redis://127.0.0.1:{free_port()}/0?cluster=true&retry_after=60")

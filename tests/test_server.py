@@ -24,10 +24,10 @@ import openai
 import pytest
 
 from kvboost_lab.http_server import free_port, serving_app
-from kvboost_lab.redis_server import local_redis
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.server import ServerSettings, create_app
+from kvboost_rag.testing.redis_server import local_redis
 
 KEY = "test-key"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

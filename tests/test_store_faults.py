@@ -223,7 +223,7 @@ def test_rewarming_restores_what_redis_lost_from_memory_without_a_model_pass(
 ) -> None:
     """Memory saying "warm" is not enough: a document Redis lost (a restart without persistence,
     FLUSHALL) is written there again from the memory tier's KV when it is warmed again."""
-    from kvboost_lab.redis_server import local_redis
+    from kvboost_rag.testing.redis_server import local_redis
 
     with local_redis() as server:
         engine = tiny(tiny_model_dir, server.url)

@@ -240,8 +240,8 @@ def eval_command(
 
         if doc_passages < 1:
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
-        index = corpus_index(examples, doc_passages)
         _say(f"retrieving {k} documents a question")
+        index = corpus_index(examples, doc_passages)
         if other_corpus is not None:
             other_index = corpus_index(other_corpus, doc_passages)
             retrieved = two_corpora_documents(index, other_index, chosen, k)

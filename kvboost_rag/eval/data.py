@@ -13,11 +13,8 @@ from typing import Any
 from ..records import Passage, read_records
 
 NQ_ENV = "KVBOOST_RAG_NQ"
-_REPO = Path(__file__).resolve().parents[2]
-NQ_CANDIDATES = (
-    _REPO / "datasets" / "nq_open" / "nq-open-oracle.jsonl.gz",
-    _REPO.parent / "shared" / "datasets" / "nq_open" / "nq-open-oracle.jsonl.gz",
-)
+# Shipped inside the package (in the repository, a link to datasets/nq_open): found in a pip install too.
+NQ_SHIPPED = Path(__file__).with_name("nq_open") / "nq-open-oracle.jsonl.gz"
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,12 +25,12 @@ class QAExample:
 
 
 def default_nq_path() -> Path:
+    """KVBOOST_RAG_NQ where set (another QA file, same shape), else the shipped NQ-Open."""
     if os.environ.get(NQ_ENV):
         return Path(os.environ[NQ_ENV])
-    for path in NQ_CANDIDATES:
-        if path.exists():
-            return path
-    raise FileNotFoundError(f"NQ-Open not found; set {NQ_ENV} or place it at {NQ_CANDIDATES[0]}")
+    if NQ_SHIPPED.exists():
+        return NQ_SHIPPED
+    raise FileNotFoundError(f"NQ-Open not found at {NQ_SHIPPED}: set {NQ_ENV} to a QA file, or pass --data")
 
 
 def load_qa(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[QAExample]:

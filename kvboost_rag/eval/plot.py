@@ -74,10 +74,9 @@ def _sweep(axis: Axes, choice: str, points: list[tuple[float, Stats]], key: str,
     return line
 
 
-def _limits(axis: Axes, key: str) -> None:
-    """A share axis spans what a share can be (EM's intervals may reach past it: clipped)."""
-    low, high = axis.get_ylim()
-    axis.set_ylim(max(low, 0.0 if key != "em" else -0.02), min(high, 1.02))
+def _limits(axis: Axes) -> None:
+    """Every panel on one 0-100% axis, what a share can be (EM's intervals may reach past it: clipped)."""
+    axis.set_ylim(-0.02, 1.02)
 
 
 def frontier_figure(report: EvalReport) -> Figure:
@@ -108,8 +107,8 @@ def frontier_figure(report: EvalReport) -> Figure:
         for axis, (key, _, _) in zip(axes, PANELS):
             line = _sweep(axis, choice, points, key, color)
         handles.append(line)
-    for axis, (key, _, _) in zip(axes, PANELS):
-        _limits(axis, key)
+    for axis in axes:
+        _limits(axis)
     columns = min(len(handles), 6)
     figure.legend(handles=handles, loc="lower center", ncol=columns, frameon=False, fontsize=9)
     settings = report.settings

@@ -4,8 +4,12 @@ column below it) and the frontier plot (`eval/plot.py`)."""
 from __future__ import annotations
 
 import json
+import math
+import re
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from .plot import plot
 from .run import run_info
@@ -60,7 +64,11 @@ def rows(report: EvalReport, columns: list[tuple[str, str, str]] = COLUMNS) -> l
     for name, stats in summary.items():
         row = [name]
         for key, _, fmt in columns:
-            cell = fmt.format(stats[key])
+            value = stats[key]
+            if isinstance(value, float) and math.isnan(value):  # e.g. retention where full got none right
+                row.append("n/a")
+                continue
+            cell = fmt.format(value)
             if key == "em_diff_vs_full" and name != "full":
                 cell += f" [{stats['em_diff_ci95_low']:+.1%}, {stats['em_diff_ci95_high']:+.1%}]"
             row.append(cell)
@@ -72,13 +80,52 @@ def _header(columns: list[tuple[str, str, str]]) -> list[str]:
     return ["variant"] + [title + (" [95%]" if key == "em_diff_vs_full" else "") for key, title, _ in columns]
 
 
+# What the short table's columns mean: under the terminal's table and the Markdown's.
+LEGEND = (
+    "EM diff: paired against full prefill on the same questions, with its 95% interval. 1st tok /"
+    " answer agree: the same first token / whole answer as full prefill's. Retention: full prefill's"
+    " right answers kept. x full: median time over full prefill's (TTFT: the first token; answer:"
+    " the whole answer). Recomputed: tokens computed again though a cache held them, per prompt token."
+)
+# From this many questions a paired EM interval is a few points wide (one question: 100/n points).
+ENOUGH_QUESTIONS = 100
+
+
+def small_sample_note(report: EvalReport) -> str | None:
+    """Where n is too small for the intervals to say anything, say so (None where it is not)."""
+    questions = int(report.summary().get("full", {}).get("questions", 0))
+    if questions >= ENOUGH_QUESTIONS:
+        return None
+    return (
+        f"n={questions}: one question moves EM by {100 / max(questions, 1):.0f} points, so the intervals"
+        f" are too wide to tell variants apart (undefined below 2); a first look only. --limit 500 narrows"
+        f" EM's interval to a few points."
+    )
+
+
 def format_table(report: EvalReport, full: bool = False) -> str:
-    """The terminal's table: the short columns unless `full`."""
+    """The terminal's table (the short columns unless `full`), its legend, and a note where n is
+    too small for the intervals."""
     columns = COLUMNS if full else SHORT_COLUMNS
     header, body = _header(columns), rows(report, columns)
     widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in [header, *body]]
-    return "\n".join(lines)
+    note = small_sample_note(report)
+    wrapped = [textwrap.fill(text, 100) for text in [LEGEND, *([note] if note else [])]]
+    return "\n".join([*lines, "", *wrapped])
+
+
+def readable_settings(settings: dict[str, Any]) -> list[str]:
+    """One Markdown bullet a setting; a dataclass's repr (`RepairConfig(strategy='query', ...)`) as
+    its fields, a torch dtype by its name."""
+    lines = []
+    for name, value in settings.items():
+        text = str(value)
+        fields = re.fullmatch(r"[A-Z]\w*\((.*)\)", text)
+        if fields:
+            text = fields.group(1).replace("=", " ").replace("'", "")
+        lines.append(f"- {name.replace('_', ' ')}: {text.removeprefix('torch.')}")
+    return lines
 
 
 def _markdown_table(report: EvalReport, columns: list[tuple[str, str, str]]) -> list[str]:
@@ -90,19 +137,20 @@ def _markdown_table(report: EvalReport, columns: list[tuple[str, str, str]]) -> 
 
 def markdown(report: EvalReport) -> str:
     """What a user decides on first (the short table), every column under its own heading below."""
+    note = small_sample_note(report)
     lines = [
         "# kvboost-rag eval",
-        "",
-        "Settings: " + ", ".join(f"{k}={v}" for k, v in report.settings.items()),
-        "",
-        "EM diff is paired against full prefill on the same questions, with its 95% interval; one question"
-        " moves EM by 100/n points. Agreement: the same first token, or the same whole answer, as full"
-        " prefill's. Retention: the share of full prefill's right answers kept. x full: median time over"
-        " full prefill's. Recomputed: tokens computed again though a cache held them, per prompt token.",
         "",
         "## Summary",
         "",
         *_markdown_table(report, SHORT_COLUMNS),
+        "",
+        LEGEND + " One question moves EM by 100/n points.",
+        *(["", note] if note else []),
+        "",
+        "## Settings",
+        "",
+        *readable_settings(report.settings),
         "",
         "## All columns",
         "",

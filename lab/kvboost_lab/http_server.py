@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .redis_server import free_port  # one way to find a port for every local server
+from kvboost_rag.testing.redis_server import free_port  # one way to find a port for every local server
 
 
 @contextmanager

@@ -9,7 +9,15 @@ from pathlib import Path
 from matplotlib.container import ErrorbarContainer
 
 from kvboost_rag.eval.plot import frontier_figure, plot
-from kvboost_rag.eval.report import COLUMNS, SHORT_COLUMNS, format_table, markdown
+from kvboost_rag.eval.report import (
+    COLUMNS,
+    ENOUGH_QUESTIONS,
+    SHORT_COLUMNS,
+    format_table,
+    markdown,
+    readable_settings,
+    small_sample_note,
+)
 from kvboost_rag.eval.runner import EvalReport, Record
 
 NAMED = ("full", "default", "plain", "none")
@@ -38,12 +46,32 @@ def _report() -> EvalReport:
 
 def test_the_terminal_table_is_short_unless_asked_for_every_column() -> None:
     report = _report()
-    short, wide = format_table(report).splitlines(), format_table(report, full=True).splitlines()
+    short_text, wide_text = format_table(report), format_table(report, full=True)
+    rows = 1 + len(NAMED) + len(SWEEP) + len(QUERY_SWEEP)
+    short, wide = short_text.splitlines()[:rows], wide_text.splitlines()[:rows]
     assert short[0].split()[0] == "variant" and "1st tok agree" in short[0] and "answer x full" in short[0]
     assert "decode tok/s" not in short[0] and "decode tok/s" in wide[0]
-    assert len(short) == len(wide) == 1 + len(NAMED) + len(SWEEP) + len(QUERY_SWEEP)
+    assert all(line.split()[0] in report.records for line in short[1:] + wide[1:])
     assert "[" in short[2], "the EM diff carries its paired 95% interval"
     assert len(SHORT_COLUMNS) == 9 and len(COLUMNS) == 22
+    legend = " ".join(short_text.splitlines()[rows:])
+    assert "EM diff: paired against full prefill" in legend and "Retention:" in legend, "the columns explained"
+
+
+def test_a_run_too_small_for_its_intervals_says_so_and_a_large_one_does_not() -> None:
+    small = format_table(_report())
+    assert "n=5: one question moves EM by 20 points" in " ".join(small.split())
+    many = EvalReport(
+        {}, {name: [_record(i, 1.0, 1.0) for i in range(ENOUGH_QUESTIONS)] for name in ("full", "default")}
+    )
+    assert small_sample_note(many) is None and "one question moves" not in format_table(many)
+    assert "n/a" in format_table(EvalReport({}, {"full": [_record(0, 0.0, 1.0)]})), "retention of none right"
+
+
+def test_the_settings_are_a_list_a_user_reads() -> None:
+    settings = {"k": 5, "dtype": "torch.bfloat16", "repair": "RepairConfig(strategy='query', rho=0.08)"}
+    assert readable_settings(settings) == ["- k: 5", "- dtype: bfloat16", "- repair: strategy query, rho 0.08"]
+    assert "## Settings" in markdown(_report()).splitlines()
 
 
 def test_markdown_puts_the_short_table_first_and_every_column_under_its_own_heading() -> None:
@@ -80,6 +108,7 @@ def test_the_plot_names_each_variant_once_with_em_intervals_and_a_line_a_choice_
         ringed = [line for line in axis.get_lines() if line.get_markerfacecolor() == "none"]
         assert [list(line.get_xdata()) for line in ringed] == [[SWEEP["cacheblend@1"]]], "rho 1 ringed"
         assert axis.yaxis.get_major_formatter()(0.5, 0).startswith("50")
+        assert axis.get_ylim() == (-0.02, 1.02), "every panel on one 0-100% axis"
     path = tmp_path / "frontier.png"
     plot(_report(), path)
     assert path.read_bytes()[:4] == b"\x89PNG"

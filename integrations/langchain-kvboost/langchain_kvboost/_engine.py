@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
-from kvboost_rag.environment import with_environment
+from kvboost_rag.environment import engine_for, with_environment
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage, reuse_details
-from kvboost_rag.options import OPTIONS, build_engine, check_options, known_options, stream_options
+from kvboost_rag.options import OPTIONS, check_options, known_options, stream_options
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
@@ -79,7 +79,7 @@ class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
         if self.engine is not None:
             return self.engine
         if self._engine is None:
-            self._engine = build_engine(self.build_values())
+            self._engine = engine_for(self.build_values(), self.model_fields_set)
         return self._engine
 
     def get_token_ids(self, text: str) -> list[int]:

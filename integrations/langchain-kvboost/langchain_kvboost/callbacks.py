@@ -9,8 +9,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.frameworks.warming import retrieved_together, warm_quietly
+from kvboost_rag.frameworks.warming import WarmTarget, check_warm_target, retrieved_together, warm_quietly
 
 
 class KVBoostRetrievalWarmer(BaseCallbackHandler):
@@ -20,11 +19,14 @@ class KVBoostRetrievalWarmer(BaseCallbackHandler):
     documents not yet warm are warmed together with the best-ranked `neighbours` others retrieved
     with them (default 4; 0: alone; two passes a group), as the prompt will place them around each
     other, so less of them needs repair. Warming never fails the chain: an error becomes a warning.
+    `engine`: the chain's `ChatKVBoost` / `KVBoostLLM`, a `KVBoostRAG` engine, or None (the default
+    engine); anything else is a TypeError here, not a warning per query.
     """
 
     run_inline = True  # warm before the prompt is assembled, in the same thread
 
-    def __init__(self, engine: KVBoostRAG, neighbours: int | None = None) -> None:
+    def __init__(self, engine: WarmTarget = None, neighbours: int | None = None) -> None:
+        check_warm_target(engine, "KVBoostRetrievalWarmer")
         if neighbours is not None and neighbours < 0:
             raise ValueError(f"neighbours must be >= 0, got {neighbours}")
         self.engine = engine

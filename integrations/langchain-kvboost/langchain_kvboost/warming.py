@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 
-from kvboost_rag import KVBoostRAG, WarmReport
-from kvboost_rag.frameworks.warming import warm_quietly
+from kvboost_rag import WarmReport
+from kvboost_rag.frameworks.warming import WarmTarget, check_warm_target, warm_quietly
 from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, found_by
 
 
 def warm_documents(
-    engine: KVBoostRAG,
+    engine: WarmTarget,
     documents: Sequence[Document],
     *,
     vectorstore: VectorStore | None = None,
     neighbours: int | None = None,
     show_progress: bool | None = None,
-    **kwargs: Any,
+    pin: bool = False,
 ) -> WarmReport:
     """Warm each document's page_content; call it where documents go into a vector store:
 
         vectorstore.add_documents(chunks)
-        warm_documents(engine, chunks, vectorstore=vectorstore)
+        warm_documents(chat, chunks, vectorstore=vectorstore)
+
+    `engine`: the `ChatKVBoost` or `KVBoostLLM` the chain uses, a `KVBoostRAG` engine, or None
+    (the engine `ChatKVBoost()` with no options loads); anything else, or documents that are not
+    `Document`s, is a TypeError at once.
 
     With a `vectorstore`, the documents are warmed among their `neighbours` nearest documents there
     (default 4; 0: alone), as they will stand among them in prompts (FusionRAG): groups of mutual
@@ -33,8 +36,11 @@ def warm_documents(
     is closer to full prefill's and prompts need less repair, for ~2x plain warming's work.
     Without one, each is warmed alone. A document that cannot be warmed becomes a warning:
     warming must never fail ingestion. `show_progress`: a bar while warming, which can take
-    minutes (None: from 10 documents).
+    minutes (None: from 10 documents). `pin`: keep their chunks in memory whatever the budget.
     """
+    check_warm_target(engine, "warm_documents")
+    if isinstance(documents, (str, Document)) or not all(isinstance(d, Document) for d in documents):
+        raise TypeError("warm_documents takes a sequence of langchain_core Documents")
     if neighbours is not None and neighbours < 0:
         raise ValueError(f"neighbours must be >= 0, got {neighbours}")
     if neighbours and vectorstore is None:
@@ -49,5 +55,5 @@ def warm_documents(
     texts = (d.page_content for d in documents)
     how = found_by(type(vectorstore).__name__, neighbours)
     return warm_quietly(
-        engine, texts, nearest if neighbours else None, neighbours_from=how, show_progress=show_progress, **kwargs
+        engine, texts, nearest if neighbours else None, neighbours_from=how, show_progress=show_progress, pin=pin
     )

@@ -2,38 +2,74 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
 
 import faiss
 import pytest
 from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.llms import LLM
 from llama_index.core.node_parser import SentenceSplitter
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import TransformComponent
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+from llama_index.llms.kvboost import KVBoostResultRecorder
 from llama_index.vector_stores.faiss import FaissVectorStore
 
-from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag import KVBoostRAG
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.neighbours import default_embedder_path
+from kvboost_rag.testing.engines import fresh_engine, shared_test_engine, warm_in_another_process
+
+Handler = TypeVar("Handler", bound=BaseEventHandler)
+
+
+@contextmanager
+def attached(handler: Handler) -> Iterator[Handler]:
+    """An instrumentation handler on the root dispatcher for the duration of a block."""
+    get_dispatcher().add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        get_dispatcher().event_handlers.remove(handler)
+
+
+@pytest.fixture()
+def attach() -> Callable[[Handler], contextlib.AbstractContextManager[Handler]]:
+    """`with attach(handler):` the handler listens to every LlamaIndex event of the block."""
+    return attached
+
+
+@pytest.fixture()
+def recorder() -> Iterator[KVBoostResultRecorder]:
+    """Each KVBoostLLM call's generation result (a query engine's Response drops it)."""
+    with attached(KVBoostResultRecorder()) as handler:
+        yield handler
 
 
 @pytest.fixture(scope="session")
 def shared_engine() -> KVBoostRAG:
-    return KVBoostRAG.from_pretrained(dtype="float32", store="memory")
+    return shared_test_engine()
 
 
 @pytest.fixture()
-def engine(shared_engine: KVBoostRAG) -> KVBoostRAG:
+def engine() -> KVBoostRAG:
     """The session's model with an empty store, so tests do not see each other's chunks."""
-    config = EngineConfig(store="memory")
-    return KVBoostRAG(shared_engine.model, shared_engine.tokenizer, config, name=shared_engine.name)
+    return fresh_engine()
+
+
+@pytest.fixture()
+def warm_with_cli() -> Callable[..., str]:
+    return warm_in_another_process
 
 
 @pytest.fixture(scope="session")
 def embed_model() -> HuggingFaceEmbedding:
-    return HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu")
+    return HuggingFaceEmbedding(model_name=default_embedder_path(), device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from llama_index.llms.kvboost import KVBoostLLM
 
-from kvboost_lab.fakes import record_engines
 from kvboost_rag import KVBoostRAG
+from kvboost_rag.testing.fakes import record_engines
 
 
 @pytest.fixture()

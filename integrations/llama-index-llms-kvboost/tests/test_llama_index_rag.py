@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 from llama_index.core.bridge.pydantic import Field
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.llms import MockLLM
 from llama_index.core.schema import BaseNode, NodeWithScore
 from llama_index.llms.kvboost import (
@@ -23,27 +20,9 @@ from llama_index.llms.kvboost import (
     node_text,
 )
 
-from kvboost_lab.fakes import record_groups
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.neighbours import groups_among
-
-Handler = TypeVar("Handler", bound=BaseEventHandler)
-
-
-@pytest.fixture()
-def recorder() -> Iterator[KVBoostResultRecorder]:
-    with attached(KVBoostResultRecorder()) as handler:
-        yield handler
-
-
-@contextmanager
-def attached(handler: Handler) -> Iterator[Handler]:
-    """An instrumentation handler on the root dispatcher for the duration of a block."""
-    get_dispatcher().add_event_handler(handler)
-    try:
-        yield handler
-    finally:
-        get_dispatcher().event_handlers.remove(handler)
+from kvboost_rag.testing.fakes import record_groups
 
 
 def document_tokens(engine: KVBoostRAG, nodes: list[NodeWithScore]) -> int:
@@ -140,6 +119,7 @@ def test_neighbours_before_the_embed_model_warn_and_warm_alone(
 
 
 def test_retrieval_warming_works_when_ingestion_did_not(
+    attach: Callable[..., Any],
     engine: KVBoostRAG,
     build_query_engine: Callable[..., Any],
     nq_questions: list[str],
@@ -148,7 +128,7 @@ def test_retrieval_warming_works_when_ingestion_did_not(
 ) -> None:
     query_engine = build_query_engine(KVBoostLLM(engine=engine, max_tokens=8))
     assert engine.store.stats().documents == 0
-    with attached(KVBoostRetrievalWarmer(engine=engine)) as warmer:
+    with attach(KVBoostRetrievalWarmer(engine=engine)) as warmer:
         response = query_engine.query(nq_questions[5])
     assert warmer.warmed_documents == top_k
     (result,) = recorder.results
@@ -156,7 +136,11 @@ def test_retrieval_warming_works_when_ingestion_did_not(
 
 
 def test_warming_never_fails_the_pipeline(
-    engine: KVBoostRAG, build_query_engine: Callable[..., Any], nq_questions: list[str], monkeypatch: pytest.MonkeyPatch
+    attach: Callable[..., Any],
+    engine: KVBoostRAG,
+    build_query_engine: Callable[..., Any],
+    nq_questions: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full")
@@ -167,7 +151,7 @@ def test_warming_never_fails_the_pipeline(
         query_engine = build_query_engine(
             KVBoostLLM(engine=engine, max_tokens=4), [KVBoostWarmTransformation(engine=engine)]
         )
-    with warnings.catch_warnings(record=True) as caught, attached(KVBoostRetrievalWarmer(engine=engine)):
+    with warnings.catch_warnings(record=True) as caught, attach(KVBoostRetrievalWarmer(engine=engine)):
         warnings.simplefilter("always")
         response = query_engine.query(nq_questions[0])
     assert str(response).strip() and any("disk full" in str(w.message) for w in caught)

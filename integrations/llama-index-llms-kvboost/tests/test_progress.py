@@ -9,8 +9,8 @@ from llama_index.core.node_parser import SentenceSplitter
 from llama_index.core.schema import TextNode
 from llama_index.llms.kvboost import KVBoostWarmTransformation
 
-from kvboost_lab.fakes import CountingEngine
 from kvboost_rag.frameworks.warming import PROGRESS_FROM
+from kvboost_rag.testing.fakes import CountingEngine
 
 BAR = "kvboost-rag warming"
 

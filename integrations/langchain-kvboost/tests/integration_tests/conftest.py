@@ -12,20 +12,24 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
 
-from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag import KVBoostRAG
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
 from kvboost_rag.neighbours import default_embedder_path
-from tests.integration_tests._shared import shared_engine
+from kvboost_rag.testing.engines import fresh_engine, warm_in_another_process
 
 PROMPT = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)])  # the eval's prompt
 
 
 @pytest.fixture()
 def engine() -> KVBoostRAG:
-    """The shared model with an empty store, so tests do not see each other's chunks."""
-    shared = shared_engine()
-    return KVBoostRAG(shared.model, shared.tokenizer, EngineConfig(store="memory"), name=shared.name)
+    """The session's model with an empty store, so tests do not see each other's chunks."""
+    return fresh_engine()
+
+
+@pytest.fixture()
+def warm_with_cli() -> Callable[..., str]:
+    return warm_in_another_process
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +44,7 @@ def nq_questions() -> list[str]:
 
 @pytest.fixture(scope="session")
 def vectorstore(nq_documents: list[Document]) -> FAISS:
-    embeddings = HuggingFaceEmbeddings(
-        model_name=str(default_embedder_path()), encode_kwargs={"normalize_embeddings": True}
-    )
+    embeddings = HuggingFaceEmbeddings(model_name=default_embedder_path(), encode_kwargs={"normalize_embeddings": True})
     return FAISS.from_documents(nq_documents, embeddings)
 
 

@@ -14,10 +14,10 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import Runnable
 from langchain_kvboost import ChatKVBoost, KVBoostRetrievalWarmer, warm_documents
 
-from kvboost_lab.fakes import record_groups
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.neighbours import groups_among
 from kvboost_rag.plan.keys import content_hash
+from kvboost_rag.testing.fakes import record_groups
 
 ChainFactory = Callable[[BaseChatModel], Runnable]
 

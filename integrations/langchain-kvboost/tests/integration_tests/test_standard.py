@@ -6,7 +6,7 @@ from langchain_core.messages import AIMessage
 from langchain_kvboost import ChatKVBoost
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
-from tests.integration_tests._shared import shared_engine
+from kvboost_rag.testing.engines import shared_test_engine as shared_engine
 
 DOCUMENT = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "

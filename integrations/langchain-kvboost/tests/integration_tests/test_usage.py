@@ -10,7 +10,7 @@ from langchain_core.outputs import LLMResult
 from langchain_kvboost import ChatKVBoost, KVBoostLLM
 from pytest_socket import disable_socket, enable_socket
 
-from tests.integration_tests._shared import shared_engine
+from kvboost_rag.testing.engines import shared_test_engine as shared_engine
 
 PROMPT = "The capital of France is"
 OPENAI_USAGE = {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}

@@ -11,9 +11,9 @@ import pytest
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_kvboost import ChatKVBoost
 
-from kvboost_lab.redis_server import local_redis
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
+from kvboost_rag.testing.redis_server import local_redis_or_skip
 
 BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with the text around it
 
@@ -22,7 +22,7 @@ def test_a_redis_store_warmed_by_the_cli_serves_a_fresh_chat_model_in_a_chain(
     tmp_path: Path, warm_with_cli: Callable[..., str]
 ) -> None:
     passages = [example.passages[0].as_document() for example in load_qa(limit=3)]
-    with local_redis() as server:
+    with local_redis_or_skip() as server:
         store = warm_with_cli(passages, tmp_path, server.url)
 
         chat = ChatKVBoost(store=store, dtype="float32", max_tokens=4)  # options only: no engine=

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from langchain_kvboost import ChatKVBoost, KVBoostLLM
 
-from kvboost_lab.fakes import record_engines
 from kvboost_rag import KVBoostRAG, RepairConfig
+from kvboost_rag.testing.fakes import record_engines
 
 CLASSES = [ChatKVBoost, KVBoostLLM]
 

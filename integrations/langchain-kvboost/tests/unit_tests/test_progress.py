@@ -8,8 +8,8 @@ import pytest
 from langchain_core.documents import Document
 from langchain_kvboost import KVBoostRetrievalWarmer, warm_documents
 
-from kvboost_lab.fakes import CountingEngine
 from kvboost_rag.frameworks.warming import PROGRESS_FROM
+from kvboost_rag.testing.fakes import CountingEngine
 
 BAR = "kvboost-rag warming"
 

@@ -22,10 +22,10 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
-from kvboost_rag.environment import with_environment
+from kvboost_rag.environment import engine_for, with_environment
 from kvboost_rag.frameworks.text_only import refuse_media
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage
-from kvboost_rag.options import OPTIONS, build_engine, check_options, known_options, stream_options
+from kvboost_rag.options import OPTIONS, check_options, known_options, stream_options
 
 # The option fields from the table the LangChain package, the command line and the server read
 # too: all take the same names; one not given comes from its KVBOOST_RAG_<OPTION> variable, as
@@ -100,7 +100,7 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
         if self.engine is not None:
             return self.engine
         if self._own_engine is None:
-            self._own_engine = build_engine(self.build_values())
+            self._own_engine = engine_for(self.build_values(), self.model_fields_set)
         return self._own_engine
 
     def tokenize(self, text: str) -> list[int]:

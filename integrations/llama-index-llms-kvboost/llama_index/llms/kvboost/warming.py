@@ -8,16 +8,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMCompletionEndEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
-from kvboost_rag import KVBoostRAG
-from kvboost_rag.frameworks.warming import retrieved_together, warm_quietly
+from kvboost_rag.frameworks.warming import check_warm_target, retrieved_together, warm_quietly
 from kvboost_rag.neighbours import DEFAULT_NEIGHBOURS, found_by, nearest_others
+
+ENGINE_DOC = "The engine to warm: a KVBoostRAG, the KVBoostLLM that answers, or None (the default engine)."
+
+
+def _checked_engine(value: Any, owner: str) -> Any:
+    """A wrong `engine=` is a TypeError at construction, not a warning per node later."""
+    check_warm_target(value, owner)
+    return value
 
 
 def node_text(node: BaseNode) -> str:
@@ -37,14 +44,16 @@ class KVBoostWarmTransformation(TransformComponent):
     neighbours in two passes each, every node after half its group or more, so its reused KV is
     closer to full prefill's and prompts need less repair, for ~2x plain warming's work. Before
     the embed model nodes are warmed alone (a warning where `neighbours` was asked for); 0: alone.
-    A node that cannot be warmed becomes a warning: warming never fails ingestion.
+    A node that cannot be warmed becomes a warning: warming never fails ingestion. `engine`: the
+    `KVBoostLLM` that answers, a `KVBoostRAG`, or None (the default engine); anything else is a
+    TypeError at construction.
 
     `show_progress` (as LlamaIndex's extractors take it): a bar while nodes are warmed, which can
     take minutes; None follows a `show_progress` the pipeline passes, else shows one from 10 nodes.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    engine: KVBoostRAG = Field(exclude=True)
+    engine: Any = Field(default=None, exclude=True, description=ENGINE_DOC)
     neighbours: int | None = Field(
         default=None, ge=0, description="nearest nodes each node is warmed after (None: 4 where nodes are embedded)"
     )
@@ -55,6 +64,11 @@ class KVBoostWarmTransformation(TransformComponent):
     @classmethod
     def class_name(cls) -> str:
         return "KVBoostWarmTransformation"
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_or_model(cls, value: Any) -> Any:
+        return _checked_engine(value, cls.__name__)
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
         texts = [node_text(n) for n in nodes]
@@ -92,18 +106,23 @@ class KVBoostRetrievalWarmer(BaseEventHandler):
 
     The nodes not yet warm are warmed together with the best-ranked `neighbours` others retrieved
     with them (default 4; 0: alone; two passes a group), as the prompt will place them around each
-    other, so less of them needs repair. Nodes already
-    warm cost a lookup only. Warming never fails the query: errors become warnings.
+    other, so less of them needs repair. Nodes already warm cost a lookup only. Warming never fails
+    the query: errors become warnings. `engine`: as `KVBoostWarmTransformation`'s.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    engine: KVBoostRAG = Field(exclude=True)
+    engine: Any = Field(default=None, exclude=True, description=ENGINE_DOC)
     neighbours: int | None = Field(default=None, ge=0, description="retrieved nodes each is warmed after")
     warmed_documents: int = 0
 
     @classmethod
     def class_name(cls) -> str:
         return "KVBoostRetrievalWarmer"
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_or_model(cls, value: Any) -> Any:
+        return _checked_engine(value, cls.__name__)
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
         if isinstance(event, RetrievalEndEvent):

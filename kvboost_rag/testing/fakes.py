@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvboost_rag import KVBoostRAG, WarmReport
-from kvboost_rag.environment import ENVIRONMENT_OPTIONS, env_var
+from .. import environment
+from ..engine import KVBoostRAG, WarmReport
+from ..environment import ENVIRONMENT_OPTIONS, env_var
 
 
 class CountingEngine(KVBoostRAG):
@@ -26,7 +27,8 @@ class CountingEngine(KVBoostRAG):
 
 def record_engines(monkeypatch: Any) -> list[dict[str, Any]]:
     """`KVBoostRAG.from_pretrained` replaced by a recorder of its keyword arguments (no model
-    loads), with this machine's KVBOOST_RAG_* variables cleared so they cannot leak in."""
+    loads), with this machine's KVBOOST_RAG_* variables cleared so they cannot leak in and no
+    default engine kept from before (`environment.default_engine`)."""
     calls: list[dict[str, Any]] = []
 
     def from_pretrained(model: str | None = None, **kwargs: Any) -> str:
@@ -34,6 +36,7 @@ def record_engines(monkeypatch: Any) -> list[dict[str, Any]]:
         return "engine"
 
     monkeypatch.setattr(KVBoostRAG, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(environment, "_DEFAULT_ENGINES", {})
     for option in ENVIRONMENT_OPTIONS:
         monkeypatch.delenv(env_var(option.name), raising=False)
     return calls

@@ -1,5 +1,6 @@
 """A throwaway `redis-server` on a free loopback port, for tests, benchmarks and trying the tier
-on one machine (Debian's `redis-server` package; `make install` installs it where it can)."""
+on one machine (Debian's `redis-server` package; `make test` installs it where it can). Needs the
+`redis` extra."""
 
 from __future__ import annotations
 
@@ -86,6 +87,18 @@ def local_redis(*options: str) -> Iterator[LocalRedis]:
     finally:
         server.stop()
         shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+@contextmanager
+def local_redis_or_skip(*options: str) -> Iterator[LocalRedis]:
+    """`local_redis` in a test that skips, saying why, where no redis-server is installed (a
+    package's tests run wherever it is installed; kvboost-rag's own suite requires the server)."""
+    if shutil.which("redis-server") is None:
+        import pytest
+
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    with local_redis(*options) as server:
+        yield server
 
 
 @contextmanager
