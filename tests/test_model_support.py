@@ -131,3 +131,21 @@ def test_gguf_file_loads_directly(engine: KVBoostRAG) -> None:
     b, _ = engine.next_token_logits(prompt, mode="full")
     assert direct.fingerprint == engine.fingerprint, "same weights, tokenizer and dtype: one cache"
     assert (a - b).abs().max().item() <= 1e-4
+
+
+def test_quiet_loading_hides_transformers_bars_in_the_block_only() -> None:
+    from transformers.utils import logging
+
+    from kvboost_rag.hf.loader import quiet_loading
+
+    assert logging.is_progress_bar_enabled()
+    with quiet_loading():
+        assert not logging.is_progress_bar_enabled()
+    assert logging.is_progress_bar_enabled(), "restored as the process had it"
+    logging.disable_progress_bar()
+    try:
+        with quiet_loading():
+            pass
+        assert not logging.is_progress_bar_enabled(), "a process that had them off keeps them off"
+    finally:
+        logging.enable_progress_bar()

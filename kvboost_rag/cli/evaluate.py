@@ -186,6 +186,7 @@ def eval_command(
     from ..eval.variants import Baseline, Variant, rho_variants
     from ..eval.variants import variants as build_variants
     from ..hf.fingerprint import weight_format
+    from ..hf.loader import quiet_loading
     from ..options import build_engine
 
     try:
@@ -229,7 +230,8 @@ def eval_command(
 
     chosen_for(RepairConfig(), ExactnessConfig())  # refused before the model loads
     _say(f"loading the model ({options.get('model') or 'the default'})")
-    engine = build_engine({**options, "store": store_location(options.get("store"))})
+    with quiet_loading():  # the eval's own bars only
+        engine = build_engine({**options, "store": store_location(options.get("store"))})
     chosen_variants, sweep, baseline = chosen_for(engine.config.repair, engine.config.exactness)
 
     other_index = None
@@ -241,7 +243,8 @@ def eval_command(
         if doc_passages < 1:
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
         _say(f"retrieving {k} documents a question")
-        index = corpus_index(examples, doc_passages)
+        with quiet_loading():
+            index = corpus_index(examples, doc_passages)
         if other_corpus is not None:
             other_index = corpus_index(other_corpus, doc_passages)
             retrieved = two_corpora_documents(index, other_index, chosen, k)

