@@ -11,6 +11,7 @@ from typing import Any
 from .. import environment
 from ..config import EngineConfig
 from ..engine import KVBoostRAG
+from ..eval.data import QAExample, load_qa
 
 
 @cache
@@ -48,3 +49,14 @@ def default_engine_in_memory(monkeypatch: Any) -> None:
     monkeypatch.setattr(environment, "_DEFAULT_ENGINES", {})
     monkeypatch.setenv("KVBOOST_RAG_STORE", "memory")
     monkeypatch.setenv("KVBOOST_RAG_DTYPE", "float32")
+
+
+def nq_examples(limit: int) -> list[QAExample]:
+    """NQ-Open's first `limit` examples (shipped inside kvboost-rag, or KVBOOST_RAG_NQ's file); a
+    test that needs them skips, saying why, where the file cannot be read."""
+    try:
+        return load_qa(limit=limit)
+    except (FileNotFoundError, ValueError) as error:
+        import pytest
+
+        pytest.skip(f"NQ-Open cannot be read: {error}")

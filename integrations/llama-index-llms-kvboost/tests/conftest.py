@@ -21,9 +21,8 @@ from llama_index.llms.kvboost import KVBoostResultRecorder
 from llama_index.vector_stores.faiss import FaissVectorStore
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.eval.data import load_qa
 from kvboost_rag.neighbours import default_embedder_path
-from kvboost_rag.testing.engines import fresh_engine, shared_test_engine, warm_in_another_process
+from kvboost_rag.testing.engines import fresh_engine, nq_examples, shared_test_engine, warm_in_another_process
 
 Handler = TypeVar("Handler", bound=BaseEventHandler)
 
@@ -75,13 +74,13 @@ def embed_model() -> HuggingFaceEmbedding:
 @pytest.fixture(scope="session")
 def nq_documents() -> list[Document]:
     """Gold NQ passages, the title as metadata (so the LLM sees a metadata header)."""
-    examples = load_qa(limit=12)
+    examples = nq_examples(12)
     return [Document(text=e.passages[0].text, metadata={"title": e.passages[0].title}) for e in examples]
 
 
 @pytest.fixture(scope="session")
 def nq_questions() -> list[str]:
-    return [e.question for e in load_qa(limit=12)]
+    return [e.question for e in nq_examples(12)]
 
 
 @pytest.fixture(scope="session")

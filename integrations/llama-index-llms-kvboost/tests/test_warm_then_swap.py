@@ -9,8 +9,8 @@ from pathlib import Path
 
 from llama_index.llms.kvboost import KVBoostLLM
 
-from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import rag_prompt
+from kvboost_rag.testing.engines import nq_examples
 from kvboost_rag.testing.redis_server import local_redis_or_skip
 
 BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with the text around it
@@ -19,7 +19,7 @@ BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with t
 def test_a_store_on_disk_and_redis_warmed_by_the_cli_serves_a_fresh_llm(
     tmp_path: Path, warm_with_cli: Callable[..., str]
 ) -> None:
-    passages = [example.passages[0].as_document() for example in load_qa(limit=3)]
+    passages = [example.passages[0].as_document() for example in nq_examples(3)]
     with local_redis_or_skip() as server:
         # memory, then the directory, then Redis: the directory is new to the LLM's process, so
         # a second reader on another host would find the same corpus in Redis alone

@@ -13,10 +13,9 @@ from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
 
 from kvboost_rag import KVBoostRAG
-from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
 from kvboost_rag.neighbours import default_embedder_path
-from kvboost_rag.testing.engines import fresh_engine, warm_in_another_process
+from kvboost_rag.testing.engines import fresh_engine, nq_examples, warm_in_another_process
 
 PROMPT = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", TEMPLATE)])  # the eval's prompt
 
@@ -34,12 +33,12 @@ def warm_with_cli() -> Callable[..., str]:
 
 @pytest.fixture(scope="session")
 def nq_documents() -> list[Document]:
-    return [Document(page_content=e.passages[0].as_document()) for e in load_qa(limit=12)]
+    return [Document(page_content=e.passages[0].as_document()) for e in nq_examples(12)]
 
 
 @pytest.fixture(scope="session")
 def nq_questions() -> list[str]:
-    return [e.question for e in load_qa(limit=12)]
+    return [e.question for e in nq_examples(12)]
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ import pytest
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_kvboost import ChatKVBoost
 
-from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import SYSTEM, TEMPLATE
+from kvboost_rag.testing.engines import nq_examples
 from kvboost_rag.testing.redis_server import local_redis_or_skip
 
 BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with the text around it
@@ -21,7 +21,7 @@ BOUNDARY_TOKENS = 4  # per passage: where its first and last tokens merge with t
 def test_a_redis_store_warmed_by_the_cli_serves_a_fresh_chat_model_in_a_chain(
     tmp_path: Path, warm_with_cli: Callable[..., str]
 ) -> None:
-    passages = [example.passages[0].as_document() for example in load_qa(limit=3)]
+    passages = [example.passages[0].as_document() for example in nq_examples(3)]
     with local_redis_or_skip() as server:
         store = warm_with_cli(passages, tmp_path, server.url)
 
@@ -44,7 +44,7 @@ def test_the_store_the_environment_names_serves_chat_kvboost_as_it_serves_the_se
 ) -> None:
     """KVBOOST_RAG_STORE, which `kvboost-rag serve` reads, is where `ChatKVBoost()` looks too
     (it used to look in the user cache's store)."""
-    passages = [example.passages[0].as_document() for example in load_qa(limit=2)]
+    passages = [example.passages[0].as_document() for example in nq_examples(2)]
     store = warm_with_cli(passages, tmp_path)  # a directory under tmp_path
     monkeypatch.setenv("KVBOOST_RAG_STORE", store)
 
