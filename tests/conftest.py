@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag import KVBoostRAG
 from kvboost_rag.eval.data import load_qa
+from kvboost_rag.testing.engines import on_empty_store
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +18,7 @@ def engine() -> KVBoostRAG:
 @pytest.fixture()
 def fresh_engine(engine: KVBoostRAG) -> KVBoostRAG:
     """The session's model with an empty store, so tests do not see each other's chunks."""
-    return KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
+    return on_empty_store(engine)
 
 
 @pytest.fixture(scope="session")

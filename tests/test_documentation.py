@@ -30,6 +30,7 @@ import pytest
 
 import kvboost_rag.environment as environment
 from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.testing.engines import on_empty_store
 from kvboost_rag.testing.redis_server import free_port, local_redis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +169,7 @@ def session_models(fresh_engine: KVBoostRAG, monkeypatch: pytest.MonkeyPatch) ->
         if model is None and not any(options.get(k) for k in ("dtype", "weights", "device", "allow_unsupported")):
             fields = EngineConfig.__dataclass_fields__
             config = EngineConfig.from_options(**{k: v for k, v in options.items() if k in fields and v is not None})
-            return KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, config, name=fresh_engine.name)
+            return on_empty_store(fresh_engine, config)
         return load(model, **options)
 
     monkeypatch.setattr(KVBoostRAG, "from_pretrained", classmethod(from_pretrained))

@@ -243,13 +243,13 @@ def eval_command(
         if doc_passages < 1:
             raise typer.BadParameter(f"--doc-passages must be >= 1, got {doc_passages}")
         _say(f"retrieving {k} documents a question")
-        with quiet_loading():
+        with quiet_loading():  # the embedder's load, for either corpus
             index = corpus_index(examples, doc_passages)
-        if other_corpus is not None:
-            other_index = corpus_index(other_corpus, doc_passages)
-            retrieved = two_corpora_documents(index, other_index, chosen, k)
-        else:
-            retrieved = retrieve_documents(index, chosen, k)
+            if other_corpus is not None:
+                other_index = corpus_index(other_corpus, doc_passages)
+                retrieved = two_corpora_documents(index, other_index, chosen, k)
+            else:
+                retrieved = retrieve_documents(index, chosen, k)
         if random_others:  # documents that are not each other's neighbours: robustness of the warming
             every = [p.as_document() for p in index.passages]
             retrieved = [

@@ -21,10 +21,15 @@ def shared_test_engine() -> KVBoostRAG:
     return KVBoostRAG.from_pretrained(dtype="float32", store="memory")
 
 
+def on_empty_store(engine: KVBoostRAG, config: EngineConfig | None = None) -> KVBoostRAG:
+    """`engine`'s model (loaded once) with `config` (default: an empty memory store), so a test
+    sees no other test's chunks."""
+    return KVBoostRAG(engine.model, engine.tokenizer, config or EngineConfig(store="memory"), name=engine.name)
+
+
 def fresh_engine() -> KVBoostRAG:
-    """The session's model with an empty memory store, so a test sees no other test's chunks."""
-    shared = shared_test_engine()
-    return KVBoostRAG(shared.model, shared.tokenizer, EngineConfig(store="memory"), name=shared.name)
+    """The session's model with an empty memory store."""
+    return on_empty_store(shared_test_engine())
 
 
 def warm_in_another_process(passages: list[str], root: Path, store: str | None = None) -> str:
