@@ -1,10 +1,10 @@
 """A decode step of many requests at once against one step each, by rows (continuous batching).
 
-Each row's cache is a full prefill of its own NQ text of --length tokens (equal lengths, so a
-batched row attends over exactly its own slots); then, per row count, the median over --steps
-of one step each in turn (`decode_step_logits`, the lean step a lone request takes) against one
-batched step (`batched_step_logits` over a `BatchKV` the rows joined), and the largest logit
-difference between a row's batched and sequential logits at the first step.
+Each row's cache is a full prefill of its own NQ text of --length tokens; then, per row count,
+the median over --steps of one step each in turn (each row alone in a buffer of its own, as a
+lone request steps) against one step of all rows (`step_logits` over one `BatchKV` the rows
+joined), and the largest logit difference between a row's batched and lone logits at the first
+step (0: the step's numerics do not depend on the rows beside it, `hf.step`).
 
 JSON: benchmarks/results/bench_batch_step.json (or --out).
 """
@@ -19,11 +19,9 @@ import torch
 
 from kvboost_lab import harness
 from kvboost_rag.eval.data import load_qa
-from kvboost_rag.hf.batch_kv import BatchKV
-from kvboost_rag.hf.batch_step import batched_step_logits
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.hf.fingerprint import weight_format
-from kvboost_rag.hf.lean_step import decode_step_logits, lean_step_for
+from kvboost_rag.hf.step import step_for, step_logits
 
 
 def row_prompts(tokenizer, rows: int, length: int) -> list[list[int]]:
@@ -45,9 +43,9 @@ def main() -> None:
     args = harness.parse(p)
     engine = harness.load_engine(args)
     model, tokenizer = engine.model, engine.tokenizer
-    step = lean_step_for(model)
+    step = step_for(model)
     if step is None:
-        raise SystemExit("this model does not take the lean step, so it does not batch")
+        raise SystemExit("this model does not take the decode step, so it does not batch")
     prompts = row_prompts(tokenizer, max(args.rows), args.length)
     prefilled = []
     for ids in prompts:
@@ -55,29 +53,34 @@ def main() -> None:
         tokens = torch.tensor([ids])
         logits = forward_last_logits(model, tokens, torch.arange(len(ids)).view(1, -1), cache)
         prefilled.append((cache, int(logits.argmax())))
-    config = model.config.get_text_config(decoder=True)
     dtype = prefilled[0][0].layers[0].keys.dtype  # the cache's (the model's first parameter may be packed)
     results = []
     for rows in args.rows:
         caches = [copy.deepcopy(cache) for cache, _ in prefilled[:rows]]
         tokens = [token for _, token in prefilled[:rows]]
         sequential, first_sequential = [], []
+        lone = []
+        for cache in caches:
+            kv = step.new_kv(dtype)
+            kv.join(cache)
+            lone.append(kv)
         for index in range(args.steps + 2):
             started = time.perf_counter()
             outs = [
-                decode_step_logits(model, torch.tensor([t]), torch.tensor([args.length + index]), c)
-                for t, c in zip(tokens, caches)
+                step_logits(step, torch.tensor([[t]]), torch.tensor([[args.length + index]]), kv)[0, 0]
+                for t, kv in zip(tokens, lone)
             ]
             sequential.append(time.perf_counter() - started)
             if index == 0:
                 first_sequential = outs
-        kv = BatchKV(config.num_hidden_layers, step.kv_heads, step.head_dim, dtype, torch.device("cpu"))
+        kv = step.new_kv(dtype)
         for cache, _ in prefilled[:rows]:
             kv.join(copy.deepcopy(cache))
         batched, first_batched = [], None
         for index in range(args.steps + 2):
             started = time.perf_counter()
-            out = batched_step_logits(step, torch.tensor(tokens), torch.full((rows,), args.length + index), kv)
+            position = torch.full((rows, 1), args.length + index)
+            out = step_logits(step, torch.tensor(tokens).view(rows, 1), position, kv)[:, 0]
             batched.append(time.perf_counter() - started)
             if index == 0:
                 first_batched = out

@@ -6,7 +6,7 @@ Per prompt length (NQ passages joined up to it, raw text, greedy, a fixed number
   next-token choices;
 - ours, float weights (`weights="float"`) and ours as users get it (`weights` left to the default:
   int4 from the GGUF's Q4_1 blocks on a CPU; drafts from the prompt, `draft_tokens`), and the
-  default without drafts, each with the lean step: full prefill's time, the decode time a token
+  default without drafts, each with the decode step: full prefill's time, the decode time a token
   (and the share of tokens taken from drafts), and the first token with reuse (the prompt's
   passages warmed, then given shuffled);
 - llama.cpp: llama-server (`make llama-server`) on the same GGUF file, `/completion` with

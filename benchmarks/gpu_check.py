@@ -30,7 +30,7 @@ from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.eval.run import run_info
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
-from kvboost_rag.hf.lean_step import decode_step_logits, lean_step_for
+from kvboost_rag.hf.step import step_for, step_logits
 from kvboost_rag.plan.keys import content_hash
 
 
@@ -71,40 +71,47 @@ def timed(engine: KVBoostRAG, prompt: list[dict[str, str]], mode: str, tokens: i
     }
 
 
-def lean_step(model: LlamaForCausalLM, ids: list[int], device: torch.device, steps: int = 16) -> dict[str, object]:
-    """The same greedy steps through `forward_last_logits` and `decode_step_logits`."""
+def decode_step(model: LlamaForCausalLM, ids: list[int], device: torch.device, steps: int = 16) -> dict[str, object]:
+    """The same greedy steps through the model's forward and through the decode step (one row)."""
+    step = step_for(model)
     results = []
-    for step in (forward_last_logits, decode_step_logits):
+    for through_step in (False, True):
         cache = make_cache()
         logits = forward_last_logits(
             model, torch.tensor(ids, device=device), torch.arange(len(ids), device=device), cache
         )
+        kv = None
+        if through_step and step is not None:
+            kv = step.new_kv(cache.layers[0].keys.dtype)
+            kv.join(cache)
         tokens, times = [], []
         for i in range(steps):
             tokens.append(int(logits.argmax()))
+            token, position = torch.tensor([tokens[-1]], device=device), torch.tensor([len(ids) + i], device=device)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             started = time.perf_counter()
-            logits = step(
-                model, torch.tensor([tokens[-1]], device=device), torch.tensor([len(ids) + i], device=device), cache
-            )
+            if kv is not None and step is not None:
+                logits = step_logits(step, token.view(1, 1), position.view(1, 1), kv)[0, 0]
+            else:
+                logits = forward_last_logits(model, token, position, cache)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - started)
         results.append((tokens, logits, statistics.median(times[2:])))
-    (forward_tokens, forward_logits, forward_s), (lean_tokens, lean_logits, lean_s) = results
+    (forward_tokens, forward_logits, forward_s), (step_tokens, step_logits_, step_s) = results
     return {
-        "used": lean_step_for(model) is not None,
-        "same_tokens": forward_tokens == lean_tokens,
-        "last_max_logit_diff": (forward_logits - lean_logits).abs().max().item(),
+        "used": step is not None,
+        "same_tokens": forward_tokens == step_tokens,
+        "last_max_logit_diff": (forward_logits - step_logits_).abs().max().item(),
         "forward_step_ms": forward_s * 1000,
-        "lean_step_ms": lean_s * 1000,
+        "decode_step_ms": step_s * 1000,
     }
 
 
 def int4_path(model_folder: Path, tokenizer, documents: list[str], prompt, device: str) -> dict[str, object]:
     """The int4 layers on the device: one layer against the CPU kernel's product, reuse at rho 1
-    against full prefill in int4, and the lean step's time against bf16's."""
+    against full prefill in int4, and the decode step's time against bf16's."""
     from torch import nn
 
     from kvboost_rag.hf.int4_linear import Int4Linear, int4_supported, quantize_int4, quantize_linear_layers
@@ -118,7 +125,7 @@ def int4_path(model_folder: Path, tokenizer, documents: list[str], prompt, devic
         "layer_max_diff_vs_cpu_kernel": (here - Int4Linear(int4, linear.bias)(x).float()).abs().max().item()
     }
 
-    # quantized before its first step: a model's lean step is made once
+    # quantized before its first step: a model's decode step is made once
     model = random_model(model_folder, device, torch.bfloat16)
     reason = int4_supported(model)
     report["supported"] = reason or True
@@ -126,8 +133,10 @@ def int4_path(model_folder: Path, tokenizer, documents: list[str], prompt, devic
         return report
     ids = tokenizer(documents[0], add_special_tokens=False).input_ids
     report["swapped_layers"] = quantize_linear_layers(model)
-    report["int4_lean_step"] = lean_step(model, ids, torch.device(device))
-    report["bf16_lean_step"] = lean_step(random_model(model_folder, device, torch.bfloat16), ids, torch.device(device))
+    report["int4_decode_step"] = decode_step(model, ids, torch.device(device))
+    report["bf16_decode_step"] = decode_step(
+        random_model(model_folder, device, torch.bfloat16), ids, torch.device(device)
+    )
     engine = KVBoostRAG(model, tokenizer, EngineConfig(store="memory"), name="random-smollm2-int4")
     engine.warm(documents)
     full, _ = engine.next_token_logits(prompt, mode="full")
@@ -209,7 +218,9 @@ def main() -> None:
     del fp32
 
     # the lean decode step against the model's own forward on the device: logits and step time
-    report["lean_step"] = lean_step(model, tokenizer(documents[0], add_special_tokens=False).input_ids, engine.device)
+    report["decode_step"] = decode_step(
+        model, tokenizer(documents[0], add_special_tokens=False).input_ids, engine.device
+    )
 
     # int4 weights (tinygemm) and decode steps as CUDA graphs
     if engine.device.type == "cuda":

@@ -26,6 +26,7 @@ QUANTIZATIONS: tuple[Quantization | None, ...] = (None, "int8", "int4")
 # A draft and its last token are verified as rows of one pass; the int4 kernel's rows are each
 # row's own up to 4 rows (`hf.int4_linear.INT4_MAX_ROWS`), so a pass's logits are those of its steps.
 MAX_DRAFT_TOKENS = 3
+DEFAULT_MAX_RUNNING = 8  # requests decoding together (`EngineConfig.max_running`)
 # `EngineConfig.store` value that keeps chunks in this process's memory only.
 MEMORY_ONLY = "memory"
 
@@ -237,6 +238,9 @@ class EngineConfig:
     # Tokens drafted from the prompt and verified in one pass while a request decodes alone on a
     # CPU (`engine.speculation`): the same answer in fewer passes; 0 switches drafting off.
     draft_tokens: int = 3
+    # Requests decoding together, one step for all (continuous batching, `engine.batching`): the
+    # batch's one bound; more wait their turn in arrival order.
+    max_running: int = DEFAULT_MAX_RUNNING
     # On a CUDA GPU, decode steps replayed as CUDA graphs where a replay gives the eager step's
     # logits and runs faster, checked at the first step (`hf.graph_step`); no effect on a CPU.
     cuda_graphs: bool = True
@@ -269,6 +273,8 @@ class EngineConfig:
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if not isinstance(self.draft_tokens, int) or not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {self.draft_tokens!r}")
+        if not isinstance(self.max_running, int) or isinstance(self.max_running, bool) or self.max_running < 1:
+            raise ValueError(f"max_running must be an integer >= 1, got {self.max_running!r}")
         if self.memory_budget_bytes < 0:
             raise ValueError("memory_budget_bytes must be >= 0")
         if self.disk_budget_bytes is not None and self.disk_budget_bytes < 0:

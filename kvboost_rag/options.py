@@ -108,7 +108,7 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     _engine(
         "repair",
         RepairStrategy | RepairConfig,
-        'How moved KV is repaired: "query" (the default), "cacheblend", "boundary", "none" or a RepairConfig.',
+        'How moved KV is repaired: "cacheblend" (the default), "query", "boundary", "none" or a RepairConfig.',
     ),
     _engine("exactness", ExactnessConfig, "What the answer reads after its first token (an ExactnessConfig)."),
     _engine(
@@ -121,6 +121,11 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         int,
         "Tokens drafted from the prompt and verified in one pass while a request decodes alone (the same "
         "answer in fewer passes); 0 switches drafting off.",
+    ),
+    _engine(
+        "max_running",
+        int,
+        "Requests decoding together, one step for all (the batch size); more wait their turn in arrival order.",
     ),
     _engine(
         "cuda_graphs",

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from kvboost_rag import EngineConfig, KVBoostRAG
-from kvboost_rag.hf.batch_kv import BatchKV
-from kvboost_rag.hf.batch_step import batched_step_logits
+from kvboost_rag.hf.batch_kv import WIDTH_BLOCK, BatchKV
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.hf.graph_step import GraphedSteps
-from kvboost_rag.hf.lean_step import lean_step_for
+from kvboost_rag.hf.step import step_for, step_logits
+from kvboost_rag.testing.engines import on_empty_store
 
 
 @pytest.fixture()
@@ -113,10 +113,10 @@ def test_batch_kv_rows_join_grow_and_leave_into_their_own_caches() -> None:
     kv = BatchKV(layers, heads, dim, torch.float32, torch.device("cpu"))
     assert [kv.join(cache) for cache in caches] == [0, 1, 2]
     slots = kv.reserve_step()
-    assert slots.tolist() == list(lengths)
+    assert slots.tolist() == list(lengths) and kv.capacity % WIDTH_BLOCK == 0
     new_keys = torch.randn(3, heads, 1, dim)
     for layer in range(layers):
-        kv.append(layer, new_keys, new_keys + 1, slots)
+        kv.append(layer, new_keys, new_keys + 1, slots.view(3, 1))
     kv.advance()
     assert kv.leave(0, caches[0]) == 2  # the last row moved into the freed one
     assert kv.lengths == [8, 10]
@@ -133,12 +133,12 @@ def test_steps_over_the_whole_buffer_answer_as_over_the_longest_row(engine: KVBo
     """The shapes a CUDA graph keeps (attention over the buffer's capacity, the slots past each
     row masked) give the rows the eager step's tokens; off a GPU the graphed steps are that
     whole-buffer step, and say why they replay nothing."""
-    step = lean_step_for(engine.model)
+    step = step_for(engine.model)
     assert step is not None
     prompts = [engine.tokenizer(passages[i], add_special_tokens=False).input_ids[: 40 + 9 * i] for i in range(3)]
     runs = []
     for whole in (False, True, None):
-        kv = BatchKV(len(step.layers), step.kv_heads, step.head_dim, torch.float32, torch.device("cpu"))
+        kv = step.new_kv(torch.float32)
         tokens = []
         for ids in prompts:
             cache = make_cache()
@@ -148,12 +148,12 @@ def test_steps_over_the_whole_buffer_answer_as_over_the_longest_row(engine: KVBo
         graphed = GraphedSteps(step)
         rows = []
         for _ in range(6):
-            last = torch.tensor([t[-1] for t in tokens])
-            positions = torch.tensor(kv.lengths)
+            last = torch.tensor([[t[-1]] for t in tokens])
+            positions = torch.tensor(kv.lengths).view(-1, 1)
             if whole is None:
-                logits = graphed(last, positions, kv)
+                logits = graphed(last, positions, kv)[:, 0]
             else:
-                logits = batched_step_logits(step, last, positions, kv, whole=whole)
+                logits = step_logits(step, last, positions, kv, whole=whole)[:, 0]
             rows.append(logits)
             for row, t in enumerate(tokens):
                 t.append(int(logits[row].argmax()))
@@ -161,7 +161,7 @@ def test_steps_over_the_whole_buffer_answer_as_over_the_longest_row(engine: KVBo
         runs.append((tokens, torch.stack(rows)))
     (longest, longest_logits), (whole, whole_logits), (graphed_tokens, graphed_logits) = runs
     assert whole == longest and graphed_tokens == longest
-    assert torch.allclose(whole_logits, longest_logits, atol=1e-4, rtol=1e-4)
+    assert torch.equal(whole_logits, longest_logits)  # the step's numbers do not depend on the width
     assert torch.equal(graphed_logits, whole_logits)
     assert not graphed.enabled and "not on a CUDA GPU" in graphed.why_not
 
@@ -184,10 +184,8 @@ def test_answers_kept_after_batched_decoding_hold_the_sequential_kv(engine: KVBo
     for chat, answer, logits in zip(chats, answers, expected):
         got, plan = batched.next_token_logits(follow_up(chat, answer))
         assert plan.tokens("exact") > 0  # the kept turn is found
-        # equal up to rounding (3e-5 here: the batch's attention sums over the padded width);
-        # a row's K/V lost or taken from another row moves logits by whole units
-        torch.testing.assert_close(got, logits, atol=1e-3, rtol=0)
-        assert int(got.argmax()) == int(logits.argmax())
+        # the same K/V to the bit: a row's K/V lost or taken from another row would move the logits
+        assert torch.equal(got, logits)
 
 
 def test_a_stream_dropped_unfinished_leaves_the_batch(batch_engine: KVBoostRAG, passages: list[str]) -> None:
@@ -211,9 +209,39 @@ def test_a_failed_step_ends_its_requests_with_the_error_and_the_batch_goes_on(
         raise RuntimeError("the device went away")
 
     with monkeypatch.context() as patched:
-        patched.setattr(batching, "batched_step_logits", broken)
+        patched.setattr(batching, "step_logits", broken)
         with pytest.raises(RuntimeError, match="device went away"):
             batch_engine.generate_batch(prompts, max_new_tokens=4, ignore_eos=True, store_prompt=False)
     assert batch_engine.batcher.running == 0
     again = batch_engine.generate_batch(prompts, max_new_tokens=4, ignore_eos=True, store_prompt=False)
     assert [r.text for r in again] == expected
+
+
+def test_the_batch_holds_max_running_and_later_requests_wait_their_turn(
+    engine: KVBoostRAG, passages: list[str]
+) -> None:
+    """Threads are not rows: 6 callers at once on an engine of `max_running=2` step at most 2
+    together, the others wait in arrival order, and every answer is its answer alone."""
+    bounded = on_empty_store(engine, EngineConfig(store="memory", max_running=2))
+    prompts = prompts_for(passages)
+    options = dict(max_new_tokens=6, ignore_eos=True, store_prompt=False)
+    alone = [bounded.generate(p, **options).token_ids for p in prompts]
+    sizes = step_sizes(bounded)
+    waiting: list[int] = []
+    bounded.batcher.listeners.append(lambda rows, _: waiting.append(bounded.batcher.waiting))
+    together: list = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def answer(i: int) -> None:
+        start.wait()
+        together[i] = bounded.generate(prompts[i], **options).token_ids
+
+    threads = [threading.Thread(target=answer, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert max(sizes) == 2 and max(waiting) >= 1, (sizes, waiting)
+    assert together == alone
+    with pytest.raises(ValueError, match="max_running"):
+        EngineConfig(max_running=0)

@@ -49,7 +49,11 @@ def test_serve_takes_the_engines_settings_by_the_command_lines_names(monkeypatch
         with socket.socket() as other, pytest.raises(OSError):
             other.bind(("127.0.0.1", port))  # serve holds it already
         seen["options"] = options
-        return SimpleNamespace(name="fake", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[]))
+        return SimpleNamespace(
+            name="fake",
+            store=SimpleNamespace(tiers=[]),
+            batcher=SimpleNamespace(listeners=[], max_running=options.get("max_running", 8)),
+        )
 
     def run(server: listen.AnnouncingServer, sockets: list[socket.socket]) -> None:
         seen.update(config=server.config, port=sockets[0].getsockname()[1])
@@ -58,12 +62,13 @@ def test_serve_takes_the_engines_settings_by_the_command_lines_names(monkeypatch
     monkeypatch.setattr(listen.AnnouncingServer, "run", run)
     monkeypatch.setattr(Compute, "dedicate", lambda self: seen.update(dedicated=True))  # not this test process
     given = ["serve", "--port", str(port), "--store", "memory", "--repair", "cacheblend:0.05", "--verify-margin"]
-    given += ["0.1", "--refresh", "--log-level", "warning", "--temperature", "0"]
+    given += ["0.1", "--refresh", "--log-level", "warning", "--temperature", "0", "--max-running", "3"]
     result = CliRunner().invoke(app, given)
     assert result.exit_code == 0, result.output
     options = seen["options"]
     assert options["repair"] == RepairConfig("cacheblend", rho=0.05, rho_after_neighbours=None)
     assert options["exactness"] == ExactnessConfig(verify_margin=0.1, refresh=True)
+    assert options["max_running"] == 3  # the batch's one bound, the engine's option
     assert seen["port"] == port and seen["config"].log_level == "warning" and seen["dedicated"]
     assert "serving" not in result.output, "said only once the server listens"
 

@@ -93,7 +93,9 @@ def tiny_engine(tiny_model_dir: Path) -> KVBoostRAG:
     ],
 )
 def test_a_lone_surrogate_echoed_into_an_error_is_escaped(body: bytes) -> None:
-    fake = SimpleNamespace(name="m", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[], running=0))
+    fake = SimpleNamespace(
+        name="m", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[], running=0, max_running=8)
+    )
     with serving(fake, ServerSettings()) as root:
         response = httpx.post(root + "/v1/chat/completions", content=body, timeout=30)
     assert 400 <= response.status_code < 500, response.text
@@ -104,7 +106,9 @@ def test_a_lone_surrogate_echoed_into_an_error_is_escaped(body: bytes) -> None:
 
 
 def test_a_warm_past_the_limits_is_a_413_before_any_work() -> None:
-    fake = SimpleNamespace(name="m", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[], running=0))
+    fake = SimpleNamespace(
+        name="m", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[], running=0, max_running=8)
+    )
     with serving(fake, ServerSettings(max_warm_documents=3, max_warm_bytes=1000)) as root:
         many = httpx.post(root + "/kvboost/warm", json={"documents": ["a"] * 4}, timeout=30)
         large = httpx.post(root + "/kvboost/warm", json={"documents": ["a" * 1001]}, timeout=30)

@@ -17,7 +17,7 @@ from kvboost_rag.hf.attention import use_reuse_attention
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.hf.cpu import ONEDNN_BF16_MISSING, onednn_bf16
 from kvboost_rag.hf.int4_linear import Int4Product, quantize_linear_layers
-from kvboost_rag.hf.lean_step import lean_step_for
+from kvboost_rag.hf.step import InParts, step_for, step_tokens
 from kvboost_rag.server.metrics import ServingMetrics
 
 needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16(), reason=ONEDNN_BF16_MISSING)
@@ -62,19 +62,15 @@ def test_drafted_logits_are_taken_in_order_and_only_for_their_token() -> None:
 
 def _rows_and_steps(model: torch.nn.Module, count: int) -> tuple[torch.Tensor, torch.Tensor, list, list]:
     """Logits of `count` tokens after a prefill: one pass of rows, then one step each; both caches."""
-    step = lean_step_for(model)
+    step = step_for(model)
     assert step is not None
     tokens = torch.randint(10, 1000, (41 + count,), generator=torch.Generator().manual_seed(1))
     prompt, new = tokens[:41], tokens[41:]
-    positions = torch.arange(41, 41 + count)
     caches, results = [], []
     for one_at_a_time in (False, True):
         cache = make_cache()
         forward_last_logits(model, prompt, torch.arange(41), cache)
-        if one_at_a_time:
-            results.append(torch.stack([step(new[i : i + 1], positions[i : i + 1], cache) for i in range(count)]))
-        else:
-            results.append(step.rows(new, positions, cache))
+        results.append(step_tokens(step, new, 41, cache, one_at_a_time=one_at_a_time))
         caches.append(cache)
     return results[0], results[1], caches[0].layers, caches[1].layers
 
@@ -101,7 +97,7 @@ def test_the_probe_tells_where_a_pass_of_rows_gives_each_steps_logits(
     if adapted:
         use_reuse_attention(model)
     rows, steps, row_cache, step_cache = _rows_and_steps(model, count)
-    step = lean_step_for(model)
+    step = step_for(model)
     assert step is not None
     assert torch.equal(rows, steps) == step.rows_match_steps(count)
     torch.testing.assert_close(rows, steps, atol=1e-2, rtol=0)  # a summation order apart at most
@@ -115,7 +111,7 @@ def test_int4_products_give_each_rows_numbers(tiny_model_dir: Path, count: int) 
     """The linear layers a draft's pass runs on the default weights: each row's product is its own."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     quantize_linear_layers(model)
-    step = lean_step_for(model)
+    step = step_for(model)
     assert step is not None
     for layer in step.layers:
         parts = (
@@ -130,15 +126,15 @@ def test_int4_products_give_each_rows_numbers(tiny_model_dir: Path, count: int) 
         for product in (*parts, layer.qkv_proj, layer.gate_up_proj):
             if product is None:  # not fused: the tiny model's 32-row parts fill no block of the kernel's
                 continue
-            assert isinstance(product, Int4Product)
-            rows = torch.randn(1, count, product.in_features, generator=torch.Generator().manual_seed(count))
+            assert isinstance(product, InParts) and isinstance(product.linear, Int4Product)
+            rows = torch.randn(1, count, product.linear.in_features, generator=torch.Generator().manual_seed(count))
             assert torch.equal(product(rows), torch.cat([product(rows[:, i : i + 1]) for i in range(count)], dim=1))
 
 
 @needs_onednn_bf16
 def test_the_default_models_rows_are_its_steps(default_engine: KVBoostRAG) -> None:
     """The default here (bf16, the GGUF's int4 weights, oneDNN's bf16 head): exact for every draft length."""
-    step = lean_step_for(default_engine.model)
+    step = step_for(default_engine.model)
     assert step is not None
     for count in range(2, MAX_DRAFT_TOKENS + 2):
         rows, steps, _, _ = _rows_and_steps(default_engine.model, count)
@@ -217,8 +213,7 @@ def test_requests_decoding_together_answer_as_without_drafts(
     engines: tuple[KVBoostRAG, KVBoostRAG], passages: list[str]
 ) -> None:
     """A batched step shares its cost already: requests draft only while one decodes alone (the
-    last of a batch), so a batch answers as it does without drafts. (A bf16 batch row itself may
-    part from its lone steps at a near-tie: `hf.batch_step`.)"""
+    last of a batch), so a batch answers as it does without drafts."""
     without, drafting = engines
     prompts = [f"{passages[i]}\n\nRepeat the passage.\n\n{passages[i][:40]}" for i in range(3)]
     lengths = [dict(max_new_tokens=n, store_prompt=False) for n in (8, 16, 40)]
@@ -235,7 +230,7 @@ def test_where_rows_are_not_steps_nothing_is_drafted(
     """A host whose kernels sum a pass's rows in another order (fp32 `nn.Linear`, the AVX2 host's
     head) decodes one token a pass, as it did."""
     drafting = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
-    step = lean_step_for(engine.model)
+    step = step_for(engine.model)
     assert step is not None
     monkeypatch.setattr(step, "rows_match_steps", lambda count: False)
     prompt = f"{passages[3]}\n\nRepeat the passage above word for word.\n\n{passages[3][:60]}"

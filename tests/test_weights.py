@@ -28,8 +28,8 @@ from kvboost_rag.hf.int4_linear import (
     nibble_pairs,
     quantize_int4,
 )
-from kvboost_rag.hf.lean_step import lean_step_for
 from kvboost_rag.hf.loader import default_model_gguf
+from kvboost_rag.hf.step import step_for
 from kvboost_rag.hf.weights import apply_weights
 
 
@@ -218,7 +218,7 @@ def test_a_model_quantized_the_hubs_way_serves_with_reuse(tiny_model_dir: Path, 
 
 def test_layers_offloaded_to_disk_serve_with_reuse(tiny_model_dir: Path, tmp_path: Path) -> None:
     """accelerate's layer offload (a model larger than memory): the model's own forward runs
-    every step (no lean step, nothing packed), and the answer is the resident model's."""
+    every step (no decode step, nothing packed), and the answer is the resident model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     placement = {name: "cpu" for name in ("model.embed_tokens", "model.layers.0", "model.norm", "model.rotary_emb")}
@@ -236,7 +236,7 @@ def test_layers_offloaded_to_disk_serve_with_reuse(tiny_model_dir: Path, tmp_pat
         engine = KVBoostRAG(model, tokenizer, EngineConfig(store="memory"))
         engine.warm(document)
         answers.append(engine.generate("Q: when? " + document, max_new_tokens=6, ignore_eos=True))
-    assert lean_step_for(offloaded) is None
+    assert step_for(offloaded) is None
     assert answers[0].token_ids == answers[1].token_ids and answers[0].reuse_share > 0.9
 
 

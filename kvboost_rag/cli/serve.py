@@ -42,6 +42,7 @@ def _origins(given: list[str] | None) -> tuple[str, ...]:
     "repair",
     "exactness",
     "draft_tokens",
+    "max_running",
     "cuda_graphs",
     "warm_prefix",
     "kv_quantization",
@@ -57,9 +58,6 @@ def serve(
     served_model_name: Annotated[
         str | None, typer.Option(envvar=env_var("served_model_name"), help="the name clients ask for")
     ] = None,
-    max_running: Annotated[
-        int, typer.Option(envvar=env_var("max_running"), help="requests decoding together: the batch size")
-    ] = 8,
     max_waiting: Annotated[int, typer.Option(envvar=env_var("max_waiting"), help="queued past those; then 429")] = 16,
     temperature: Annotated[
         float,
@@ -128,14 +126,14 @@ def serve(
         if options.get("store"):
             options["store"] = store_location(options["store"])
         check_options(options)  # before the model loads, in the engine's words
-        if max_running < 1 or max_waiting < 0:
-            raise ValueError("--max-running must be >= 1 and --max-waiting >= 0")
+        if max_waiting < 0:
+            raise ValueError("--max-waiting must be >= 0")
         if neighbours and not embedder_installed():
             raise ValueError("--neighbours: neighbours are found by the bundled embedder: install kvboost-rag[eval]")
         settings = ServerSettings(
             served_model_name,
             api_key,
-            max_running,
+            None,  # max_running: the engine's (its option above)
             max_waiting,
             check_temperature(temperature),
             neighbours,

@@ -9,7 +9,8 @@ text goes to each request's queue, which its caller reads (`stream.py`). A finis
 cancelled request leaves at once, its K/V handed back to its own cache.
 
 The batch's K/V is one buffer (`hf.batch_kv`) whose rows are exactly the requests of the step
-being run; a lone request steps on its own cache, as without batching (same kernels, numbers).
+being run; a lone request is one row, stepped by the same calls (`hf.step`): its answer is the
+same alone or among others.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from typing import Any
 
 import torch
 
+from ..config import DEFAULT_MAX_RUNNING
 from ..hf.batch_kv import BatchKV
-from ..hf.batch_step import batched_step_logits
+from ..hf.cache import drop_last_tokens, forward_last_logits
 from ..hf.graph_step import GraphedSteps
-from ..hf.lean_step import LeanStep, decode_step_logits, lean_step_for
+from ..hf.step import DecodeStep, step_for, step_logits
 from .compute import Compute
 from .request import Request
 
@@ -62,11 +64,13 @@ class Ended:
 class StepBatcher:
     """The running requests of one model, advanced in turns on the compute thread."""
 
-    def __init__(self, model: Any, compute: Compute, cuda_graphs: bool = True) -> None:
+    def __init__(
+        self, model: Any, compute: Compute, cuda_graphs: bool = True, max_running: int = DEFAULT_MAX_RUNNING
+    ) -> None:
         self.model, self.compute = model, compute
+        self.max_running = max_running  # the batch's bound: later arrivals wait their turn
         self.device = next(model.parameters()).device
-        # On CUDA every step, a lone request's too, goes through the batch's buffer, replayed as
-        # graphs where they prove equal and faster (`hf.graph_step`); a CPU steps eagerly.
+        # On CUDA the steps are replayed as graphs where they prove equal and faster (`hf.graph_step`).
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphed: GraphedSteps | None = None
         self.listeners: list[StepListener] = []  # e.g. the server's metrics
@@ -81,6 +85,11 @@ class StepBatcher:
     def running(self) -> int:
         """Requests decoding now (the running batch's size)."""
         return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Requests started and not yet running: past `max_running`, in arrival order."""
+        return len(self._arriving)
 
     def start(self, running: Running) -> None:
         """Run this request from the next turn."""
@@ -112,8 +121,13 @@ class StepBatcher:
 
     def _turn(self) -> None:
         with self._lock:
-            self._running += self._arriving
-            self._arriving = []
+            gone = [running for running in self._arriving if running.cancelled]
+            waiting = [running for running in self._arriving if not running.cancelled]
+            room = max(0, self.max_running - len(self._running))
+            self._running += waiting[:room]
+            self._arriving = waiting[room:]
+        for running in gone:  # cancelled while waiting: ended without a turn
+            self._end(running, Ended(error=None))
         asking, prefills = [], 0
         for running in list(self._running):
             if not running.prefilled and not running.cancelled:
@@ -163,37 +177,49 @@ class StepBatcher:
         running.out.put(ended)
 
     def _step(self, requests: list[Request]) -> None:
-        """The forward pass of each request's last token (`request.generated[-1]`)."""
-        step = lean_step_for(self.model)
-        graphed = self._graphed_steps(step)
-        if step is None or (len(requests) == 1 and graphed is None):
+        """The forward pass of each request's last token, and of the draft it proposed
+        (`request.proposed`): `request.step_logits` [1 + drafted, vocab] after each."""
+        step = step_for(self.model)
+        if step is None:
             self._drop(list(range(len(self._rows))))
             for request in requests:
-                request.logits = self.step_alone(request)
+                request.proposed = []
+                request.step_logits = self.step_alone(request).unsqueeze(0)
             return
-        self._batched(step, requests, graphed)
+        self._batched(step, requests, self._graphed_steps(step))
 
-    def _graphed_steps(self, step: LeanStep | None) -> GraphedSteps | None:
-        """The graphed steps while they are kept (CUDA, the lean step, `cuda_graphs`), else None."""
-        if not self.cuda_graphs or step is None:
+    def _graphed_steps(self, step: DecodeStep) -> GraphedSteps | None:
+        """The graphed steps while they are kept (CUDA, `cuda_graphs`), else None."""
+        if not self.cuda_graphs:
             return None
         if self._graphed is None:
             self._graphed = GraphedSteps(step)
         return self._graphed if self._graphed.enabled else None
 
     def step_alone(self, request: Request) -> torch.Tensor:
-        """The logits after the request's last token, from its own cache (no batch row)."""
+        """The logits after the request's last token through the model's forward, from its own
+        cache (no row): models that do not take the decode step, and decode-time KV retrieval."""
+        self.leave(request)
         position = torch.tensor([request.next_position - 1], device=self.device)
         token_ids = torch.tensor([request.generated[-1]], device=self.device)
-        return decode_step_logits(self.model, token_ids, position, request.cache)
+        return forward_last_logits(self.model, token_ids, position, request.cache)
 
-    def _batched(self, step: LeanStep, requests: list[Request], graphed: GraphedSteps | None = None) -> None:
-        """One step of these requests: the buffer made to hold exactly them."""
+    def drop_last(self, request: Request, count: int) -> None:
+        """Forget the request's last `count` tokens' K/V (a draft it did not take), in its row or its cache."""
+        for row, (member, cache) in enumerate(self._rows):
+            if member is request and cache is request.cache:
+                assert self._kv is not None
+                self._kv.drop_last(row, count)
+                return
+        drop_last_tokens(request.cache, count)
+
+    def _batched(self, step: DecodeStep, requests: list[Request], graphed: GraphedSteps | None = None) -> None:
+        """One step of these requests: the buffer made to hold exactly them. Drafts are verified
+        only where every row has one of the same length (a lone request's, `decode.py`)."""
         wanted = {id(request): request.cache for request in requests}
         self._drop([i for i, (member, cache) in enumerate(self._rows) if wanted.get(id(member)) is not cache])
         if self._kv is None:
-            dtype = requests[0].cache.layers[0].keys.dtype
-            self._kv = BatchKV(len(step.layers), step.kv_heads, step.head_dim, dtype, self.device)
+            self._kv = step.new_kv(requests[0].cache.layers[0].keys.dtype)
         present = {id(member) for member, _ in self._rows}
         joining = [request for request in requests if id(request) not in present]
         longest = max((request.cache.layers[0].keys.shape[-2] for request in requests), default=0)
@@ -203,17 +229,24 @@ class StepBatcher:
             self._rows.append((request, request.cache))
         row_of = {id(member): row for row, (member, _) in enumerate(self._rows)}
         by_row = sorted(requests, key=lambda request: row_of[id(request)])
-        token_ids = torch.tensor([request.generated[-1] for request in by_row], device=self.device)
-        positions = torch.tensor([request.next_position - 1 for request in by_row], device=self.device)
+        if len({len(request.proposed) for request in by_row}) > 1 or graphed is not None:
+            for request in by_row:
+                request.proposed = []
+        token_ids = torch.tensor([[request.generated[-1], *request.proposed] for request in by_row], device=self.device)
+        count = token_ids.shape[1]
+        first = torch.tensor([request.next_position - 1 for request in by_row], device=self.device)
+        positions = first.view(-1, 1) + torch.arange(count, device=self.device).view(1, -1)
         if graphed is not None:
             logits = graphed(token_ids, positions, self._kv)
         else:
-            logits = batched_step_logits(step, token_ids, positions, self._kv)
+            logits = step_logits(step, token_ids, positions, self._kv)
         for row, request in enumerate(by_row):
-            request.logits = logits[row]
+            request.step_logits = logits[row]
 
     def _drop(self, rows: list[int]) -> None:
-        """Free these rows, highest first (a freed row takes the last one's place)."""
+        """Free these rows, highest first (a freed row takes the last one's place). On a CPU the
+        buffer goes with its last row: one long prompt would otherwise leave every later joiner
+        zeroing its slots up to that prompt's capacity (on CUDA the graphs are kept over it)."""
         for row in sorted(rows, reverse=True):
             assert self._kv is not None
             member, cache = self._rows[row]
@@ -221,3 +254,5 @@ class StepBatcher:
             if moved is not None:
                 self._rows[row] = self._rows[moved]
             self._rows.pop()
+        if rows and not self._rows and self.device.type == "cpu":
+            self._kv = None

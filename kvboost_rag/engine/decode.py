@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..hf.cache import drop_last_tokens, forward_last_logits, make_cache
-from ..hf.lean_step import decode_step_logits, lean_step_for
+from ..config import DEFAULT_MAX_RUNNING
+from ..hf.cache import forward_last_logits, make_cache
+from ..hf.step import decode_step_logits, step_for
 from ..ops.logits import top_margin
 from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .batching import STEP, StepBatcher
@@ -64,15 +65,16 @@ class Decoder:
         stop_ids: set[int],
         draft_tokens: int = 0,
         cuda_graphs: bool = True,
+        max_running: int = DEFAULT_MAX_RUNNING,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.compute = compute
         self.stop_ids = stop_ids
         self.device = next(model.parameters()).device
-        self.batcher = StepBatcher(model, compute, cuda_graphs)  # concurrent requests step together
+        self.batcher = StepBatcher(model, compute, cuda_graphs, max_running)  # concurrent requests step together
         # tokens drafted a pass (`speculation`): on a CPU, where it is measured, for models that
-        # take the lean step where its rows give each step's logits to the bit (`rows_match_steps`)
+        # take the decode step where its rows give each step's logits to the bit (`rows_match_steps`)
         self.draft_tokens = draft_tokens if self.device.type == "cpu" else 0
 
     def run(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[Any]:
@@ -171,19 +173,28 @@ class Decoder:
         return delta
 
     def step(self, request: Request, room: int) -> Iterator[Any]:
-        """One forward pass of the last token, over the request's cache: with the other running
-        requests (`STEP`: the batch runs it), or here while decode-time KV retrieval runs; none
-        where a verified draft holds the logits already, or a pass over a new draft (`room`: how
-        many tokens the answer may still take)."""
-        if request.sparse_decode is None:
-            if not self.take_drafted(request) and not self.verify_draft(request, room):
-                yield STEP
+        """One forward pass of the last token (and of a draft after it, `room`: how many tokens
+        the answer may still take) with the other running requests (`STEP`: the batch runs it);
+        none where a verified draft holds the logits already; here, through the model's forward,
+        while decode-time KV retrieval runs."""
+        if request.sparse_decode is not None:
+            retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
+            try:
+                request.logits = self.compute.run(self.batcher.step_alone, request)
+            finally:
+                ACTIVE_SPARSE_DECODE.reset(retrieving)
             return
-        retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
-        try:
-            request.logits = self.compute.run(self.batcher.step_alone, request)
-        finally:
-            ACTIVE_SPARSE_DECODE.reset(retrieving)
+        if self.take_drafted(request):
+            return
+        request.proposed = self.propose(request, room)
+        yield STEP
+        rows, request.step_logits = request.step_logits, None
+        assert rows is not None  # set by the batch's step
+        request.logits = rows[0]
+        if len(rows) > 1:  # the draft was verified: the logits after each of its tokens
+            request.drafted = Drafted(request.proposed, list(rows[1:]))
+            request.drafted_tokens += len(request.proposed)
+        request.proposed = []
 
     def take_drafted(self, request: Request) -> bool:
         """The logits after the last token, where a verified draft holds them; a draft the answer
@@ -201,31 +212,22 @@ class Decoder:
     def drop_drafted(self, request: Request) -> None:
         drafted, request.drafted = request.drafted, None
         if drafted is not None and drafted.tokens:
-            drop_last_tokens(request.cache, len(drafted.tokens))
+            self.batcher.drop_last(request, len(drafted.tokens))
 
-    def verify_draft(self, request: Request, room: int) -> bool:
-        """A pass over the last token and the draft that follows it, while the request decodes
-        alone and its cache is short enough for a pass to pay: the logits after each
-        (`speculation`); False where nothing was drafted."""
+    def propose(self, request: Request, room: int) -> list[int]:
+        """A draft to verify with the next step (`speculation`), while the request decodes alone and
+        its cache is short enough for a longer row to pay; [] where none is made."""
         if not self.draft_tokens or room < 2 or self.batcher.running > 1 or request.next_position > DRAFT_BELOW_TOKENS:
-            return False
+            return []
         if request.lookup is None:
             request.lookup = PromptLookup([int(t) for t in request.tokens])
         lookup = request.lookup
         lookup.extend(request.generated[len(lookup.tokens) - len(request.tokens) :])
         draft = lookup.draft(min(self.draft_tokens, room - 1))
-        step = lean_step_for(self.model)
-        if not draft or step is None or not step.rows_match_steps(len(draft) + 1):
-            return False
-        self.batcher.leave(request)  # its K/V back in its own cache, where a batch row held them
-        last = request.next_position - 1
-        tokens = torch.tensor([request.generated[-1], *draft], device=self.device)
-        positions = torch.arange(last, last + len(tokens), device=self.device)
-        rows = self.compute.run(step.rows, tokens, positions, request.cache)
-        request.logits = rows[0]
-        request.drafted = Drafted(draft, list(rows[1:]))
-        request.drafted_tokens += len(draft)
-        return True
+        step = step_for(self.model)
+        if not draft or step is None or not self.compute.run(step.rows_match_steps, len(draft) + 1):
+            return []
+        return draft
 
     def exact_prefill(self, tokens: np.ndarray, generated: list[int]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """The cache and next-token logits full prefill would have after `generated`: the same
@@ -237,9 +239,10 @@ class Decoder:
 
         def recompute() -> torch.Tensor:
             logits = forward_last_logits(self.model, torch.from_numpy(tokens).to(self.device), positions, cache)
-            for i, token in enumerate(generated):
-                position = torch.tensor([len(tokens) + i], device=self.device)
-                logits = decode_step_logits(self.model, torch.tensor([token], device=self.device), position, cache)
+            if generated:  # one decode step each, as the answer took them
+                answer = torch.tensor(generated, device=self.device)
+                after = torch.arange(len(tokens), len(tokens) + len(generated), device=self.device)
+                logits = decode_step_logits(self.model, answer, after, cache)
             return logits
 
         logits = self.compute.run(recompute)

@@ -93,7 +93,9 @@ class KVBoostRAG:
             pack_linear_layers(model)
         self._prefill = PrefillRunner(model, rotary_module(model) if reuse_supported else None, self._compute)
         stop_ids, config = eos_ids(model, tokenizer), self.config
-        self._decoder = Decoder(model, tokenizer, self._compute, stop_ids, config.draft_tokens, config.cuda_graphs)
+        self._decoder = Decoder(
+            model, tokenizer, self._compute, stop_ids, config.draft_tokens, config.cuda_graphs, config.max_running
+        )
         self.batcher = self._decoder.batcher  # the running batch: its size, listeners of its steps
         self._prompts = PromptTokenizer(tokenizer, name)
         prefix_tokens = np.asarray(tokenizer(config.warm_prefix).input_ids if config.warm_prefix else [], np.int64)
@@ -175,8 +177,13 @@ class KVBoostRAG:
         """Answer a prompt (text or chat messages); see `stream` for the options."""
         return self.stream(prompt, **kwargs).finish()
 
-    def generate_batch(self, prompts: Sequence[Prompt], *, max_running: int = 8, **kw: Any) -> list[GenerationResult]:
-        """Answers in the prompts' order, up to `max_running` decoding together; all checked before any work."""
+    def generate_batch(
+        self, prompts: Sequence[Prompt], *, max_running: int | None = None, **kw: Any
+    ) -> list[GenerationResult]:
+        """Answers in the prompts' order, up to `max_running` decoding together (None: the engine's
+        `max_running`, the batch's bound); all checked before any work."""
+        if max_running is None:
+            max_running = self.config.max_running
         if not isinstance(max_running, int) or max_running < 1:
             raise ValueError(f"max_running must be an int >= 1, got {max_running!r}")
         return finish_all([self.stream(prompt, **kw) for prompt in prompts], max_running)

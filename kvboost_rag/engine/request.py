@@ -52,6 +52,8 @@ class Request:
     sparse_decode: SparseDecode | None = None  # decode steps attend to selected pages (long prompts)
     lookup: PromptLookup | None = None  # the prompt and the answer, indexed for drafts (`speculation`)
     drafted: Drafted | None = None  # a verified draft's tokens not yet sampled, and their logits
+    proposed: list[int] = field(default_factory=list)  # a draft the next step verifies
+    step_logits: torch.Tensor | None = None  # [1 + verified draft, vocab]: what the batch's step gave
     drafted_tokens: int = 0
     accepted_tokens: int = 0  # drafted tokens the answer took: each a forward pass saved
 

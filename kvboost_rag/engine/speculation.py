@@ -4,7 +4,7 @@ A RAG answer copies the documents it was given: names, dates, titles, whole phra
 answer's last tokens appeared earlier (in the prompt or the answer so far), the tokens that
 followed them there are a draft of what comes next (prompt lookup decoding, as in transformers'
 `prompt_lookup_num_tokens` and vLLM's n-gram proposer). One forward pass over the last token and
-the draft gives the logits after each (`hf.lean_step.LeanStep.rows`); the decode loop samples
+the draft gives the logits after each (a row of several tokens, `hf.step`); the decode loop samples
 from them one token at a time, as it would have, and a drafted token it sampled is a step saved.
 
 Each row of that pass reads the same calls as a step of one token (the int4 products' rows are

@@ -2,7 +2,7 @@
 
 On a GPU a small model's step is bound by kernel launches, not by the GPU: a graph records the
 step's kernels once and replays them with one call. A graph keeps shapes and addresses, so the
-graphed step attends over the buffer's whole capacity (`batched_step_logits(whole=True)`: the
+graphed step attends over the buffer's whole capacity (`step_logits(whole=True)`: the
 slots past each row's length masked, as the eager step masks past the longest row) and reads
 its tokens, positions and slots from tensors it owns, copied in before each replay. One graph a
 row count over one buffer: when the buffer is remade (it grows by a quarter) they are dropped.
@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from .batch_kv import BatchKV
-from .batch_step import batched_forward, batched_step_logits
-from .lean_step import LeanStep
+from .step import DecodeStep, step_logits
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ class CapturedStep:
 class GraphedSteps:
     """Batched steps on CUDA through captured graphs, while they prove equal and faster."""
 
-    def __init__(self, step: LeanStep) -> None:
+    def __init__(self, step: DecodeStep) -> None:
         self.step = step
         self.enabled = step.device.type == "cuda"
         self.why_not = "" if self.enabled else "the model is not on a CUDA GPU"
@@ -56,9 +55,9 @@ class GraphedSteps:
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv: BatchKV) -> torch.Tensor:
-        """`batched_step_logits(step, tokens, positions, kv, whole=True)`, replayed where it can be."""
+        """`step_logits(step, tokens, positions, kv, whole=True)`, replayed where it can be."""
         if not self.enabled:
-            return batched_step_logits(self.step, tokens, positions, kv, whole=True)
+            return step_logits(self.step, tokens, positions, kv, whole=True)
         slots = kv.reserve_step()
         if kv.keys is not self._buffer:  # remade: the graphs read the old one
             self._graphs, self._buffer = {}, kv.keys
@@ -81,7 +80,7 @@ class GraphedSteps:
         """The eager logits; a graph for this row count kept if its replay gives them, faster."""
 
         def eager_step() -> torch.Tensor:
-            return batched_forward(self.step, tokens, positions, slots, kv, kv.capacity)
+            return self.step.forward(tokens, positions, slots, kv, kv.capacity)
 
         eager_step()  # the first run of a shape pays its set-up: the second is timed
         eager, eager_s = _timed(eager_step)
@@ -108,12 +107,12 @@ class GraphedSteps:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the capturing stream, as CUDA graphs ask
-            batched_forward(self.step, tokens, positions, slots, kv, width)
+            self.step.forward(tokens, positions, slots, kv, width)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         self._pool = self._pool or torch.cuda.graph_pool_handle()  # the graphs share one pool
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = batched_forward(self.step, tokens, positions, slots, kv, width)
+            logits = self.step.forward(tokens, positions, slots, kv, width)
         return CapturedStep(graph, tokens, positions, slots, logits)
 
     def _disable(self, why: str) -> None:

@@ -155,7 +155,7 @@ class Int4Linear(nn.Module):
 @dataclass(frozen=True, slots=True)
 class Int4Product:
     """An int4 layer's product of any rows, its tensors held as plain fields: what a decode step
-    calls (`hf.lean_step`), without a module's attribute lookups and dense branch on each of its
+    calls (`hf.step`), without a module's attribute lookups and dense branch on each of its
     120 calls (15.1 against 14.3 ms a step at 512 tokens; docs/research-log.md, "Issue 33, third
     pass"). It reads the tensors the layer held when it was made."""
 

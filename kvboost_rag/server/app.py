@@ -42,7 +42,7 @@ from .warming import DEFAULT_MAX_BYTES, DEFAULT_MAX_DOCUMENTS, WarmLimits, warm_
 class ServerSettings:
     model_name: str | None = None  # the name clients send; None: the engine's
     api_key: str | None = None
-    max_running: int = 8  # requests decoding at once: the engine steps them together (the batch size)
+    max_running: int | None = None  # requests decoding at once; None: the engine batch's bound (`max_running`)
     max_waiting: int = 16  # requests waiting for a running place; past them, 429
     temperature: float = DEFAULT_TEMPERATURE  # for requests that name none: OpenAI's default
     neighbours: int | None = None  # for warm requests that name none (None: 4 where the embedder is installed)
@@ -59,7 +59,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     stopping = threading.Event()
     limits = WarmLimits(settings.max_warm_documents, settings.max_warm_bytes)
     served = settings.model_name or engine.name
-    admission = Admission(settings.max_running, settings.max_waiting)
+    admission = Admission(settings.max_running or engine.batcher.max_running, settings.max_waiting)
     held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
     app = FastAPI(
         title="kvboost-rag",

@@ -57,7 +57,7 @@ def test_the_server_reports_and_prunes_a_disk_tier(fakes, tmp_path) -> None:
             assert store.put(entry)
         store.add_document(document.record)
     assert store.pin_document(kept.record.doc_key)
-    fake = SimpleNamespace(name="fake", store=store, batcher=SimpleNamespace(listeners=[], running=0))
+    fake = SimpleNamespace(name="fake", store=store, batcher=SimpleNamespace(listeners=[], running=0, max_running=8))
     client = TestClient(create_app(fake))  # type: ignore[arg-type]
 
     report = client.get("/kvboost/store")
