@@ -12,8 +12,6 @@ JSON: benchmarks/results/bench_alone_vs_batched.json (or --out).
 
 from __future__ import annotations
 
-import time
-
 from kvboost_lab import harness
 
 
@@ -26,12 +24,7 @@ def main() -> None:
     harness.warm(engine, nq)
     prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
     options = dict(max_new_tokens=args.max_new_tokens, ignore_eos=True, store_prompt=False)
-    started = time.perf_counter()
-    alone = [engine.generate(prompt, **options) for prompt in prompts]
-    alone_s = time.perf_counter() - started
-    started = time.perf_counter()
-    together = engine.generate_batch(prompts, max_running=args.max_running, **options)
-    together_s = time.perf_counter() - started
+    alone, alone_s, together, together_s = harness.alone_and_together(engine, prompts, args.max_running, **options)
     firsts = []
     for a, b in zip(alone, together):
         parted = [i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y]

@@ -14,7 +14,6 @@ JSON: benchmarks/results/bench_decode_ab.json (or --out).
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import kvboost_rag
@@ -54,12 +53,7 @@ def main() -> None:
     harness.warm(engine, nq)
     prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
     options = dict(max_new_tokens=args.answer_tokens, ignore_eos=True, store_prompt=False)
-    started = time.perf_counter()
-    alone = [engine.generate(prompt, **options) for prompt in prompts]
-    alone_s = time.perf_counter() - started
-    started = time.perf_counter()
-    together = engine.generate_batch(prompts, max_running=args.max_running, **options)
-    together_s = time.perf_counter() - started
+    alone, alone_s, together, together_s = harness.alone_and_together(engine, prompts, args.max_running, **options)
     tokens = len(prompts) * args.answer_tokens
     report.update(
         one_at_a_time_tokens_per_s=tokens / alone_s,

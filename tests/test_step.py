@@ -115,6 +115,13 @@ def test_llama_shaped_models_step_their_forward_and_rows_alone_or_together(
     _assert_rows_are_their_own(model, [41, 64, 63, 130, 5])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_row_and_short_ones_keep_their_numbers(tmp_path: Path, dtype: torch.dtype) -> None:
+    """A row of thousands of tokens among short ones (the width is the long row's for all)."""
+    model = _tiny(tmp_path, LlamaConfig(**SMALL), dtype)
+    _assert_rows_are_their_own(model, [2100, 300, 2047, 64, 4001])
+
+
 def test_default_int4_model_fuses_its_projections_and_keeps_each_rows_numbers() -> None:
     int4 = KVBoostRAG.from_pretrained(dtype="float32", store="memory")  # the default: the GGUF's int4 blocks
     step = step_for(int4.model)

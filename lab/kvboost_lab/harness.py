@@ -12,6 +12,7 @@ import json
 import random
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,19 @@ def first_token_summary(
     for name, row in sorted(summary.items(), key=lambda item: item[1]["first_token_kl_mean"]):
         print(f"  {name:<{width}}  KL {row['first_token_kl_mean']:.4f}  agreement {row['first_token_agreement']:.1%}")
     return summary
+
+
+def alone_and_together(
+    engine: KVBoostRAG, prompts: list[Prompt], max_running: int, **options: Any
+) -> tuple[list[GenerationResult], float, list[GenerationResult], float]:
+    """Each prompt answered alone, one after another, then all through `generate_batch`: both
+    results and both wall times (seconds)."""
+    started = time.perf_counter()
+    alone = [engine.generate(prompt, **options) for prompt in prompts]
+    alone_s = time.perf_counter() - started
+    started = time.perf_counter()
+    together = engine.generate_batch(prompts, max_running=max_running, **options)
+    return alone, alone_s, together, time.perf_counter() - started
 
 
 def summarize(values: list[float]) -> dict[str, float]:

@@ -156,3 +156,50 @@ def batch_step(data: dict[str, Any]) -> str:
         f"{data['threads']} threads."
     )
     return notes + "\n\n" + columns_table(columns, data["rows"])
+
+
+def alone_vs_batched(data: dict[str, Any]) -> str:
+    """NQ answers alone and batched: equal whole, and tokens/s both ways."""
+    parted = [i for i in data["first_differing_token"] if i is not None]
+    where = f"; the others part at tokens {sorted(parted)}" if parted else ""
+    return (
+        f"{data['prompts']} NQ prompts (k={data['k']}), {data['max_new_tokens']} greedy tokens, {data['dtype']}: "
+        f"**{data['equal_answers']} of {data['prompts']}** answers equal alone and {data['max_running']} at a "
+        f"time{where}. {data['alone_tokens_per_s']:.1f} tokens/s one at a time, "
+        f"{data['together_tokens_per_s']:.1f} together."
+    )
+
+
+def decode_ab(data: dict[str, Any]) -> str:
+    """One checkout's decode speed (an A/B's one side)."""
+    lengths = ", ".join(f"{int(n):,} tokens {rate:.1f}" for n, rate in data["decode"].items())
+    return (
+        f"Checkout {data['checkout']}, {data['dtype']}. Decode tokens/s after a full prefill of {lengths}; "
+        f"{data['prompts']} NQ prompts: {data['one_at_a_time_tokens_per_s']:.1f} tokens/s one at a time, "
+        f"{data['together_tokens_per_s']:.1f} together, {data['equal_answers']} of {data['prompts']} answers equal."
+    )
+
+
+def step_numerics(data: dict[str, Any]) -> str:
+    """Which operators give a row the numbers it gets alone (0 differing: they do)."""
+    rows = [
+        {"case": name.replace("_", " "), "differing": value["differing"], "cases": value["cases"]}
+        for name, value in data.items()
+        if isinstance(value, dict) and "differing" in value
+    ]
+    columns: list[Column] = [
+        ("operator", get("case"), "{}"),
+        ("differ", get("differing"), "{}"),
+        ("of", get("cases"), "{}"),
+    ]
+    return f"CPU capability {data['cpu_capability']}.\n\n" + columns_table(columns, rows)
+
+
+def first_look(data: dict[str, Any]) -> str:
+    """`kvboost-rag eval` on a fresh process: load and the rest, medians of the runs."""
+    medians = data["medians"]
+    return (
+        f"`kvboost-rag eval --limit {data['settings']['limit']} --k {data['settings']['k']}`, "
+        f"{len(data['runs'])} runs: median {medians['load_s']:.1f} s to load, {medians['after_load_s']:.1f} s after, "
+        f"{medians['total_s']:.1f} s in all."
+    )

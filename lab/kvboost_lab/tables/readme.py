@@ -15,7 +15,19 @@ from typing import Any
 
 from kvboost_rag.config import RepairConfig
 
-from .decode import batch_step, decode, decode_peers, retrieval_ceiling, retrieval_nq, sparse_decode_choice, step_rows
+from .decode import (
+    alone_vs_batched,
+    batch_step,
+    decode,
+    decode_ab,
+    decode_peers,
+    first_look,
+    retrieval_ceiling,
+    retrieval_nq,
+    sparse_decode_choice,
+    step_numerics,
+    step_rows,
+)
 from .format import Column, columns_table, em_diff_with_interval, get
 from .quality import attention, dtype, eval_summary, multiturn, selection, ttft, verify, where
 from .serving import serving
@@ -37,6 +49,10 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_multiturn": multiturn,
     "bench_serving": serving,
     "bench_batch_step": batch_step,
+    "alone_vs_batched": alone_vs_batched,
+    "decode_ab": decode_ab,
+    "step_numerics": step_numerics,
+    "eval_first_look": first_look,  # before "eval_": the first matching prefix renders
     "bench_step_rows": step_rows,
     "bench_decode_peers": decode_peers,  # before "bench_decode": the first matching prefix renders
     "bench_decode": decode,
