@@ -46,12 +46,12 @@ class GenerationResult:
     # of the prompt and the answer so far (verify_margin, refresh)
     recomputed_tokens: int = 0
     timings: StageTimings = field(default_factory=StageTimings)
-    refresh_s: float = 0.0  # recomputing the prompt as full prefill would (RepairConfig.refresh, verify_margin)
+    refresh_s: float = 0.0  # recomputing the prompt as full prefill would (ExactnessConfig: verify_margin, refresh)
     exact_from: int | None = None  # the first answer token taken from that exact KV; None: never recomputed
     token_ids: list[int] = field(default_factory=list)
     first_logits: Any = None  # fp32 logits of the first token, when asked for
     sparse_decode: SparseDecodeStats | None = None  # sparse decode's counts, where it ran (SparseDecodeConfig)
-    drafted_tokens: int = 0  # tokens drafted from the prompt and verified (EngineConfig.draft_tokens)
+    drafted_tokens: int = 0  # tokens drafted from the prompt and verified in a step (EngineConfig.draft_tokens)
     accepted_tokens: int = 0  # ... that the answer took: each a forward pass saved
 
     @property
