@@ -146,6 +146,26 @@ def test_other_models_keep_their_forward(tmp_path: Path) -> None:
     assert torch.equal(got, expected)
 
 
+def test_an_answer_recomputed_at_once_is_its_steps_on_every_model(tmp_path: Path) -> None:
+    """`decode_step_logits` over several tokens (an exact recompute of an answer) gives the logits
+    of one step a token: the decode step's, or the forward's on a model without one."""
+    for config in (Qwen3Config(**SMALL, head_dim=16), LlamaConfig(**SMALL)):
+        model = _tiny(tmp_path / config.model_type, config, torch.float32)
+        prompt, answer = _prompt(41, 0), _prompt(4, 1)
+        results = []
+        for at_once in (True, False):
+            cache = make_cache()
+            forward_last_logits(model, prompt, torch.arange(41), cache)
+            positions = torch.arange(41, 45)
+            if at_once:
+                results.append(decode_step_logits(model, answer, positions, cache))
+            else:
+                for i in range(4):
+                    logits = decode_step_logits(model, answer[i : i + 1], positions[i : i + 1], cache)
+                results.append(logits)
+        assert torch.equal(results[0], results[1]), config.model_type
+
+
 def test_a_hooked_layer_still_sees_every_step(tiny_model_dir: Path) -> None:
     """Layers are called without `nn.Module.__call__` only where no hook would run around them."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

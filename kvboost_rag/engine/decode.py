@@ -85,6 +85,9 @@ class Decoder:
         try:
             yield from self._steps(request, max_new, observer)
         finally:
+            unread = request.step_logits  # closed at a step that verified a draft it never read
+            if unread is not None and len(unread) > 1:
+                self.batcher.drop_last(request, len(unread) - 1)
             self.batcher.leave(request)
             self.drop_drafted(request)  # the cache holds the answer's tokens and no draft
 

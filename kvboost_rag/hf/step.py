@@ -228,9 +228,12 @@ def decode_step_logits(model: Any, token: torch.Tensor, position: torch.Tensor, 
     """The logits after `token` [n] at `position` [n] (consecutive) over `cache` (which grows), each
     token one decode step: the model's step where it takes one, else its forward."""
     step = step_for(model)
-    if step is None:
-        return forward_last_logits(model, token, position, cache)
-    return step_tokens(step, token.view(-1), int(position.view(-1)[0]), cache)[-1]
+    if step is not None:
+        return step_tokens(step, token.view(-1), int(position.view(-1)[0]), cache)[-1]
+    tokens, positions = token.view(-1), position.view(-1)
+    for i in range(len(tokens)):  # one forward a token, as those models decode
+        logits = forward_last_logits(model, tokens[i : i + 1], positions[i : i + 1], cache)
+    return logits
 
 
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
