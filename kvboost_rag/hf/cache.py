@@ -46,13 +46,13 @@ class GrowingLayer(DynamicLayer):
         self._float_values: torch.Tensor | None = None  # made for short caches only (`decode_kv`)
         self._float_length = 0  # how many tokens they hold
 
-    def decode_kv(self, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """What a 16-bit decode step on a CPU attends over (`ops.attention.single_query_attention`):
+    def decode_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a 16-bit decode step through the model's forward on a CPU attends over (a model
+        without the decode step of `hf.step`, or sparse decode; `ops.attention.single_query_attention`):
         the keys in float32, and the values in float32 for a cache shorter than
         FLOAT_VALUES_BELOW_TOKENS when the copies are made, else the whole value buffer (its
         slots past the cache are zeros or stale values, all finite). The copies are converted
         once and then a token at a time as the cache grows, and made again with a new buffer.
-        `end`: the first `end` slots only (a draft's verification: each row its own prefix).
 
         Why: converting the whole cache at every step was ~15% of a step at 8,000 tokens (bf16).
         A bf16 product over a view of the cache runs on a slow path, over a whole buffer on
@@ -65,7 +65,7 @@ class GrowingLayer(DynamicLayer):
         assert self._key_buffer is not None and self._value_buffer is not None
         if self._key_buffer.dtype == torch.float32:
             assert self.keys is not None and self.values is not None  # views of the buffers, set with them
-            return (self.keys, self.values) if end is None else (self.keys[..., :end, :], self.values[..., :end, :])
+            return self.keys, self.values
         if self._float_keys is None:  # dropped whenever the buffers are replaced
             self._float_keys = torch.empty(self._key_buffer.shape, dtype=torch.float32, device=self._key_buffer.device)
             if self._length < FLOAT_VALUES_BELOW_TOKENS:
@@ -79,11 +79,10 @@ class GrowingLayer(DynamicLayer):
             if self._float_values is not None:
                 self._float_values[..., done:held, :].copy_(self._value_buffer[..., done:held, :])
             self._float_length = held
-        end = self._length if end is None else end
-        keys = self._float_keys[..., :end, :]
+        keys = self._float_keys[..., : self._length, :]
         if self._float_values is None:
             return keys, self._value_buffer
-        return keys, self._float_values[..., :end, :]
+        return keys, self._float_values[..., : self._length, :]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
