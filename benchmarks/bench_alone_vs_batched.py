@@ -19,12 +19,12 @@ def main() -> None:
     p = harness.parser(__doc__, questions=24, k=5, seed=2, out="bench_alone_vs_batched.json", max_new_tokens=64)
     p.add_argument("--max-running", type=int, default=8, help="requests decoding together")
     args = harness.parse(p)
-    engine = harness.load_engine(args)
+    engine = harness.load_engine(args, max_running=args.max_running)
     nq = harness.draw_nq(args.questions, args.k, args.seed)
     harness.warm(engine, nq)
     prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
     options = dict(max_new_tokens=args.max_new_tokens, ignore_eos=True, store_prompt=False)
-    alone, alone_s, together, together_s = harness.alone_and_together(engine, prompts, args.max_running, **options)
+    alone, alone_s, together, together_s = harness.alone_and_together(engine, prompts, **options)
     firsts = []
     for a, b in zip(alone, together):
         parted = [i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y]

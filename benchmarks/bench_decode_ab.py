@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--answer-tokens", type=int, default=64, help="tokens of each NQ answer")
     p.add_argument("--max-running", type=int, default=8)
     args = harness.parse(p)
-    engine = harness.load_engine(args)
+    engine = harness.load_engine(args, max_running=args.max_running)
     text = "\n\n".join(e.passages[0].as_document() for e in load_qa(limit=200))
     ids = engine.tokenizer(text, add_special_tokens=False).input_ids
     report: dict[str, object] = {"checkout": checkout_commit(), "dtype": str(engine.model.dtype), "decode": {}}
@@ -53,7 +53,7 @@ def main() -> None:
     harness.warm(engine, nq)
     prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
     options = dict(max_new_tokens=args.answer_tokens, ignore_eos=True, store_prompt=False)
-    alone, alone_s, together, together_s = harness.alone_and_together(engine, prompts, args.max_running, **options)
+    alone, alone_s, together, together_s = harness.alone_and_together(engine, prompts, **options)
     tokens = len(prompts) * args.answer_tokens
     report.update(
         one_at_a_time_tokens_per_s=tokens / alone_s,

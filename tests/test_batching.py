@@ -71,8 +71,8 @@ def test_generate_batch_answers_in_order_and_checks_every_prompt_first(
     stepped = sum(sizes.values())
     with pytest.raises(TypeError):
         batch_engine.generate_batch([prompts[0], 42], max_new_tokens=8)  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="max_running"):
-        batch_engine.generate_batch(prompts, max_running=0)
+    with pytest.raises(TypeError, match="max_running"):  # the engine's option, not a call's
+        batch_engine.generate_batch(prompts, max_running=2)
     assert sum(sizes.values()) == stepped  # no model work for a batch with a bad prompt
 
 
@@ -227,8 +227,8 @@ def test_the_batch_holds_max_running_and_later_requests_wait_their_turn(
     options = dict(max_new_tokens=6, ignore_eos=True, store_prompt=False)
     alone = [bounded.generate(p, **options).token_ids for p in prompts]
     sizes = step_sizes(bounded)
-    waiting: list[int] = []
-    bounded.batcher.listeners.append(lambda rows, _: waiting.append(bounded.batcher.waiting))
+    states: list[dict[str, int]] = []  # at each step: its rows, and how many requests wait and decode
+    bounded.batcher.listeners.append(lambda rows, _: states.append({**bounded.batcher.states(), "rows": rows}))
     together: list = [None] * len(prompts)
     start = threading.Barrier(len(prompts))
 
@@ -241,7 +241,14 @@ def test_the_batch_holds_max_running_and_later_requests_wait_their_turn(
         thread.start()
     for thread in threads:
         thread.join()
-    assert max(sizes) == 2 and max(waiting) >= 1, (sizes, waiting)
+    assert max(sizes) == 2 and max(s["waiting"] for s in states) >= 1, (sizes, states)
+    assert all(s["decoding"] == s["rows"] for s in states), states  # every decoding request steps each turn
     assert together == alone
+    sizes.clear()
+    states.clear()
+    batched = bounded.generate_batch(prompts, **options)  # one thread: the same bound, the same queue
+    assert max(sizes) == 2 and max(s["waiting"] for s in states) >= 1, (sizes, states)
+    assert max(s["decoding"] for s in states) == 2 and states[-1]["waiting"] == 0
+    assert [r.token_ids for r in batched] == alone
     with pytest.raises(ValueError, match="max_running"):
         EngineConfig(max_running=0)

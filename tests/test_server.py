@@ -27,6 +27,7 @@ from kvboost_lab.http_server import free_port, serving_app
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.server import ServerSettings, create_app
+from kvboost_rag.testing.engines import on_empty_store
 from kvboost_rag.testing.redis_server import local_redis
 
 KEY = "test-key"
@@ -340,7 +341,9 @@ def test_llama_index_openai_like_in_a_query_engine(server: tuple[str, KVBoostRAG
 
 # one model, many clients -----------------------------------------------------------------------
 def test_full_queue_is_a_429_and_a_disconnect_frees_the_model(tiny_engine: KVBoostRAG) -> None:
-    with serving(tiny_engine, ServerSettings(max_running=1, max_waiting=0)) as url:
+    with serving(
+        on_empty_store(tiny_engine, EngineConfig(store="memory", max_running=1)), ServerSettings(max_waiting=0)
+    ) as url:
         model = tiny_engine.name
         body = {"model": model, "messages": USER, "max_tokens": 1500, "temperature": 0, "stream": True}
         health = url.removesuffix("/v1") + "/health"
@@ -362,7 +365,9 @@ def test_full_queue_is_a_429_and_a_disconnect_frees_the_model(tiny_engine: KVBoo
 
 def test_a_disconnect_frees_its_row_while_the_others_decode(tiny_engine: KVBoostRAG) -> None:
     expected = tiny_engine.generate(USER, max_new_tokens=1500).text
-    with serving(tiny_engine, ServerSettings(max_running=4, max_waiting=0)) as url:
+    with serving(
+        on_empty_store(tiny_engine, EngineConfig(store="memory", max_running=4)), ServerSettings(max_waiting=0)
+    ) as url:
         root, body = url.removesuffix("/v1"), {"model": tiny_engine.name, "messages": USER, "temperature": 0}
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
         staying: list[str] = []
@@ -393,7 +398,9 @@ def test_a_disconnect_frees_its_row_while_the_others_decode(tiny_engine: KVBoost
 
 def test_past_max_running_a_request_waits_for_a_place(tiny_engine: KVBoostRAG) -> None:
     """One decodes, one waits (it does not start until the first ends), the next is a 429."""
-    with serving(tiny_engine, ServerSettings(max_running=1, max_waiting=1)) as url:
+    with serving(
+        on_empty_store(tiny_engine, EngineConfig(store="memory", max_running=1)), ServerSettings(max_waiting=1)
+    ) as url:
         body = {"model": tiny_engine.name, "messages": USER, "max_tokens": 1500, "temperature": 0, "stream": True}
         waiting: dict[str, object] = {}
 
@@ -426,7 +433,9 @@ def test_eight_streaming_clients_200_requests(tiny_engine: KVBoostRAG) -> None:
     prompts = [[{"role": "user", "content": f"Question {i}: what is {i} plus {i}?"}] for i in range(20)]
     alone = [tiny_engine.generate(p, max_new_tokens=8) for p in prompts]
     expected = [result.text for result in alone]
-    with serving(tiny_engine, ServerSettings(max_running=8, max_waiting=8)) as url:
+    with serving(
+        on_empty_store(tiny_engine, EngineConfig(store="memory", max_running=8)), ServerSettings(max_waiting=8)
+    ) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
         order = [i % len(prompts) for i in range(200)]
         random.Random(0).shuffle(order)

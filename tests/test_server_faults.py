@@ -19,9 +19,10 @@ import httpx
 import pytest
 
 from kvboost_lab.http_server import free_port, serving_app
-from kvboost_rag import KVBoostRAG
+from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.server import ServerSettings, create_app
 from kvboost_rag.server.listen import StoppingServer
+from kvboost_rag.testing.engines import on_empty_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 LONG = [{"role": "user", "content": "Tell me a very long story about the sea."}]
@@ -94,7 +95,9 @@ def tiny_engine(tiny_model_dir: Path) -> KVBoostRAG:
 )
 def test_a_lone_surrogate_echoed_into_an_error_is_escaped(body: bytes) -> None:
     fake = SimpleNamespace(
-        name="m", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[], running=0, max_running=8)
+        name="m",
+        store=SimpleNamespace(tiers=[]),
+        batcher=SimpleNamespace(listeners=[], running=0, waiting=0, max_running=8),
     )
     with serving(fake, ServerSettings()) as root:
         response = httpx.post(root + "/v1/chat/completions", content=body, timeout=30)
@@ -107,7 +110,9 @@ def test_a_lone_surrogate_echoed_into_an_error_is_escaped(body: bytes) -> None:
 
 def test_a_warm_past_the_limits_is_a_413_before_any_work() -> None:
     fake = SimpleNamespace(
-        name="m", store=SimpleNamespace(tiers=[]), batcher=SimpleNamespace(listeners=[], running=0, max_running=8)
+        name="m",
+        store=SimpleNamespace(tiers=[]),
+        batcher=SimpleNamespace(listeners=[], running=0, waiting=0, max_running=8),
     )
     with serving(fake, ServerSettings(max_warm_documents=3, max_warm_bytes=1000)) as root:
         many = httpx.post(root + "/kvboost/warm", json={"documents": ["a"] * 4}, timeout=30)
@@ -130,7 +135,9 @@ def test_max_tokens_past_the_context_window_is_a_400(tiny_engine: KVBoostRAG) ->
 
 
 def test_a_non_streaming_request_stops_when_its_client_leaves(tiny_engine: KVBoostRAG) -> None:
-    with serving(tiny_engine, ServerSettings(max_running=1, max_waiting=1)) as root:
+    with serving(
+        on_empty_store(tiny_engine, EngineConfig(store="memory", max_running=1)), ServerSettings(max_waiting=1)
+    ) as root:
         body = {"model": tiny_engine.name, "messages": LONG, "max_tokens": 1900, "temperature": 0}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(root + "/v1/chat/completions", json=body, timeout=1.0)
@@ -143,8 +150,9 @@ def test_a_non_streaming_request_stops_when_its_client_leaves(tiny_engine: KVBoo
 
 def test_an_abandoned_warm_is_counted_and_stops_between_documents(tiny_engine: KVBoostRAG) -> None:
     documents = [f"Document {i}: " + " ".join(f"word{i}x{j}" for j in range(60)) for i in range(1000)]
-    settings = ServerSettings(max_running=1, max_waiting=0, max_warm_documents=5000, max_warm_bytes=2**26)
-    with serving(tiny_engine, settings) as root:
+    settings = ServerSettings(max_waiting=0, max_warm_documents=5000, max_warm_bytes=2**26)
+    served = on_empty_store(tiny_engine, EngineConfig(store="memory", max_running=1))
+    with serving(served, settings) as root:
         seen: dict[str, int] = {}
 
         def watch() -> None:
@@ -160,7 +168,7 @@ def test_an_abandoned_warm_is_counted_and_stops_between_documents(tiny_engine: K
         watcher.join(timeout=30)
         assert seen == {"active": 1, "busy": 429}, "the warm holds a place, as a generation does"
         wait_idle(root, within_s=5)
-        warmed = tiny_engine.store.stats().documents
+        warmed = served.store.stats().documents
         assert 0 < warmed < len(documents), f"{warmed} documents warmed: the rest were stopped"
 
 

@@ -217,8 +217,8 @@ def test_requests_decoding_together_answer_as_without_drafts(
     without, drafting = engines
     prompts = [f"{passages[i]}\n\nRepeat the passage.\n\n{passages[i][:40]}" for i in range(3)]
     lengths = [dict(max_new_tokens=n, store_prompt=False) for n in (8, 16, 40)]
-    expected_results = finish_all([without.stream(p, **o) for p, o in zip(prompts, lengths)], max_running=3)
-    results = finish_all([drafting.stream(p, **o) for p, o in zip(prompts, lengths)], max_running=3)
+    expected_results = finish_all([without.stream(p, **o) for p, o in zip(prompts, lengths)])
+    results = finish_all([drafting.stream(p, **o) for p, o in zip(prompts, lengths)])
     assert [r.token_ids for r in results] == [r.token_ids for r in expected_results]
     assert results[0].drafted_tokens == 0, "the shortest answer never decoded alone"
     assert results[2].accepted_tokens > 0, "the longest one, alone at the end, took drafts"
@@ -245,7 +245,7 @@ def test_draft_tokens_is_checked() -> None:
 
 
 def test_the_server_counts_drafted_tokens_taken_and_not(fresh_engine: KVBoostRAG) -> None:
-    metrics = ServingMetrics(fresh_engine, lambda: 0)
+    metrics = ServingMetrics(fresh_engine)
     result = fresh_engine.generate("Hello", max_new_tokens=2, store_prompt=False)
     result.drafted_tokens, result.accepted_tokens = 5, 3
     metrics.finished(result)

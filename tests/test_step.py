@@ -191,5 +191,5 @@ def test_greedy_answers_are_the_same_alone_and_among_others(passages: list[str])
     prompts = [rag_prompt(e.question, docs) for e, docs in zip(examples, documents)]
     options = dict(max_new_tokens=24, ignore_eos=True, store_prompt=False)
     alone = [engine.generate(prompt, **options).token_ids for prompt in prompts]
-    together = [r.token_ids for r in engine.generate_batch(prompts, max_running=8, **options)]
+    together = [r.token_ids for r in engine.generate_batch(prompts, **options)]
     assert together == alone

@@ -133,7 +133,6 @@ def serve(
         settings = ServerSettings(
             served_model_name,
             api_key,
-            None,  # max_running: the engine's (its option above)
             max_waiting,
             check_temperature(temperature),
             neighbours,

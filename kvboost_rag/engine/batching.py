@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -34,6 +34,9 @@ from .compute import Compute
 from .request import Request
 
 STEP = object()  # what a request's generator yields where it needs its next forward pass
+# A request's place in the batch, as llama.cpp's slots have one: queued (past `max_running` or
+# not yet prefilled), its first turn (plan, prefill), stepped with the others, done.
+State = Literal["waiting", "prefilling", "decoding", "finished"]
 
 StepListener = Callable[[int, float], None]  # (rows, seconds) of each step run
 # New requests prefilled in one turn, in arrival order: the others wait for the next turn, so a
@@ -50,7 +53,7 @@ class Running:
     steps: Generator[Any, None, Any]
     out: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     cancelled: bool = False
-    prefilled: bool = False  # its generator has run its prefill (its first turn)
+    state: State = "waiting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,13 @@ class StepBatcher:
         """Requests started and not yet running: past `max_running`, in arrival order."""
         return len(self._arriving)
 
+    def states(self) -> dict[State, int]:
+        """How many requests are in each state now (finished ones have left)."""
+        counts: dict[State, int] = {"waiting": len(self._arriving), "prefilling": 0, "decoding": 0}
+        for running in self._running:
+            counts[running.state] += 1
+        return counts
+
     def start(self, running: Running) -> None:
         """Run this request from the next turn."""
         with self._lock:
@@ -130,11 +140,12 @@ class StepBatcher:
             self._end(running, Ended(error=None))
         asking, prefills = [], 0
         for running in list(self._running):
-            if not running.prefilled and not running.cancelled:
+            if running.state == "waiting" and not running.cancelled:
                 if prefills == PREFILLS_PER_TURN:
                     continue  # the running ones step first (see PREFILLS_PER_TURN)
-                prefills, running.prefilled = prefills + 1, True
+                prefills, running.state = prefills + 1, "prefilling"
             if self._advance(running):
+                running.state = "decoding"
                 asking.append(running)
         if not asking:
             return
@@ -170,6 +181,7 @@ class StepBatcher:
         return False
 
     def _end(self, running: Running, ended: Ended) -> None:
+        running.state = "finished"
         if running in self._running:
             self._running.remove(running)
         running.steps.close()  # one its step failed under is closed here, not by the collector

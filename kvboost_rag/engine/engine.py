@@ -177,16 +177,10 @@ class KVBoostRAG:
         """Answer a prompt (text or chat messages); see `stream` for the options."""
         return self.stream(prompt, **kwargs).finish()
 
-    def generate_batch(
-        self, prompts: Sequence[Prompt], *, max_running: int | None = None, **kw: Any
-    ) -> list[GenerationResult]:
-        """Answers in the prompts' order, up to `max_running` decoding together (None: the engine's
-        `max_running`, the batch's bound); all checked before any work."""
-        if max_running is None:
-            max_running = self.config.max_running
-        if not isinstance(max_running, int) or max_running < 1:
-            raise ValueError(f"max_running must be an int >= 1, got {max_running!r}")
-        return finish_all([self.stream(prompt, **kw) for prompt in prompts], max_running)
+    def generate_batch(self, prompts: Sequence[Prompt], **kw: Any) -> list[GenerationResult]:
+        """Answers in the prompts' order, decoding together: the batch runs `max_running` of them
+        at once (the engine's option) and queues the rest; all checked before any work."""
+        return finish_all([self.stream(prompt, **kw) for prompt in prompts])
 
     def stream(
         self,

@@ -120,18 +120,18 @@ class GenerationStream(Iterator[str]):
 
 
 def finish_all(
-    streams: Sequence[GenerationStream], max_running: int, on_text: Callable[[int, str], None] | None = None
+    streams: Sequence[GenerationStream], on_text: Callable[[int, str], None] | None = None
 ) -> list[GenerationResult]:
-    """Every stream to its end, at most `max_running` on the batch at once, driven from this thread;
-    the results in the streams' order. `on_text(i, delta)` sees stream i's text as it comes. A
-    failure closes the others and is raised."""
+    """Every stream to its end, driven from this thread; the results in the streams' order. All are
+    started at once: the batch runs `max_running` of them and queues the rest in order (the
+    engine's one bound). `on_text(i, delta)` sees stream i's text as it comes. A failure closes
+    the others and is raised."""
     results: list[GenerationResult | None] = [None] * len(streams)
-    waiting, active = deque(range(len(streams))), list[int]()
+    active = list(range(len(streams)))
     try:
-        while waiting or active:
-            while waiting and len(active) < max_running:
-                active.append(index := waiting.popleft())
-                streams[index].begin()
+        for stream in streams:
+            stream.begin()
+        while active:
             streams[active[0]].wait(POLL_S)  # one turn of the batch here (or a wait on the compute thread)
             for index in list(active):
                 stream = streams[index]

@@ -25,9 +25,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
 from ..engine.cancellation import Cancelled, cancellable
-from ..engine.result import GenerationResult
 from ..neighbours import HeldDocuments
-from .admission import Admission, RunningSlot
+from .admission import Admission
 from .bodies import JSONBodies
 from .errors import APIError, install_handlers
 from .metrics import CONTENT_TYPE, CountAnswers, ServingMetrics
@@ -42,8 +41,7 @@ from .warming import DEFAULT_MAX_BYTES, DEFAULT_MAX_DOCUMENTS, WarmLimits, warm_
 class ServerSettings:
     model_name: str | None = None  # the name clients send; None: the engine's
     api_key: str | None = None
-    max_running: int | None = None  # requests decoding at once; None: the engine batch's bound (`max_running`)
-    max_waiting: int = 16  # requests waiting for a running place; past them, 429
+    max_waiting: int = 16  # requests queued past the engine's `max_running`; past them, 429
     temperature: float = DEFAULT_TEMPERATURE  # for requests that name none: OpenAI's default
     neighbours: int | None = None  # for warm requests that name none (None: 4 where the embedder is installed)
     # browser origins that may call the server (CORS; "*": any); none by default
@@ -59,7 +57,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     stopping = threading.Event()
     limits = WarmLimits(settings.max_warm_documents, settings.max_warm_bytes)
     served = settings.model_name or engine.name
-    admission = Admission(settings.max_running or engine.batcher.max_running, settings.max_waiting)
+    admission = Admission(engine.batcher.max_running, settings.max_waiting)  # the batch's bound, not a second one
     held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
     app = FastAPI(
         title="kvboost-rag",
@@ -68,7 +66,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         redoc_url=None,
     )
     app.state.stopping = stopping
-    app.state.metrics = metrics = ServingMetrics(engine, lambda: admission.waiting)
+    app.state.metrics = metrics = ServingMetrics(engine)
     install_handlers(app)
     app.add_middleware(JSONBodies, allowed_origins=settings.allowed_origins)
     app.add_middleware(CountAnswers, metrics=metrics)
@@ -140,12 +138,11 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
             writer = ChunkWriter(request_id, served, chat)
             events = _events(stream, writer, include_usage, admission, Stop(stopping), metrics)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        slot, stop = admission.slot(), Stop(stopping)
+        stop = Stop(stopping)
         try:
-            result = await run_watched(request, stop, lambda: _drain(stream, slot, stop))
+            result = await run_watched(request, stop, stream.finish)
         finally:
             await _close(stream)
-            slot.give_back()
             admission.leave()
         metrics.finished(result)
         return (chat_completion if chat else text_completion)(request_id, served, result)
@@ -183,18 +180,13 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         """Model work in admission like a generation, stopped between documents (`warming.py`)."""
         limits.check(body)
         admission.enter()
-        slot, stop = admission.slot(), Stop(stopping)
-
-        def work() -> Any:
-            slot.take(stop)
-            return warm_with_neighbours(engine, body, held, settings.neighbours)
-
         try:
-            report = await run_watched(request, stop, work)
+            report = await run_watched(
+                request, Stop(stopping), lambda: warm_with_neighbours(engine, body, held, settings.neighbours)
+            )
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error), param="documents") from None
         finally:
-            slot.give_back()
             admission.leave()
         return {**asdict(report), "encoded_documents": report.encoded_documents}
 
@@ -212,15 +204,6 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         return {"evicted_chunks": evicted}
 
     return app
-
-
-def _drain(stream: GenerationStream, slot: RunningSlot, stop: Stop) -> GenerationResult:
-    """The whole answer, in a worker thread; `stop` ends it at the next decode step."""
-    slot.take(stop)
-    for _ in stream:
-        pass
-    assert stream.result is not None
-    return stream.result
 
 
 _END = object()
@@ -244,12 +227,10 @@ async def _events(
     """SSE events as tokens come. A client that goes away cancels this at its next await: the
     token being computed finishes (the thread is not abandoned), then the stream is closed, so
     the model is free for the next request. A server shutting down ends it with an error event."""
-    slot = admission.slot()
     try:
         opening = writer.start()
         if opening:
             yield opening
-        await anyio.to_thread.run_sync(slot.take, stop)
         while (delta := await anyio.to_thread.run_sync(_next_delta, stream, stop)) is not _END:
             yield writer.delta(delta)
         assert stream.result is not None
@@ -260,7 +241,6 @@ async def _events(
         yield writer.error(stop.refusal())
     finally:
         await _close(stream)
-        slot.give_back()
         admission.leave()
 
 

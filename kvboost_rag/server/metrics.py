@@ -7,7 +7,7 @@ served, and the store's hits and errors per tier. One registry per app, so apps 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -27,7 +27,7 @@ _ROWS = (1, 2, 4, 8, 16, 32, 64)
 class ServingMetrics:
     """The server's metrics; `scrape()` is the `/metrics` body."""
 
-    def __init__(self, engine: KVBoostRAG, waiting: Callable[[], int]) -> None:
+    def __init__(self, engine: KVBoostRAG) -> None:
         self.registry = registry = CollectorRegistry()
         reg = registry
         self.requests = Counter("kvboost:requests", "HTTP answers by route, status", ["route", "status"], registry=reg)
@@ -40,9 +40,8 @@ class ServingMetrics:
         self.drafted_tokens = Counter(
             "kvboost:draft_tokens", "Tokens drafted from prompts, by whether answers took them", ["taken"], registry=reg
         )
-        Gauge("kvboost:num_requests_waiting", "Requests waiting for a running place", registry=reg).set_function(
-            waiting
-        )
+        waiting = Gauge("kvboost:num_requests_waiting", "Requests queued for a place in the batch", registry=reg)
+        waiting.set_function(lambda: engine.batcher.waiting)
         running = Gauge("kvboost:num_requests_running", "Requests decoding now (the batch)", registry=reg)
         running.set_function(lambda: engine.batcher.running)
         registry.register(_StoreCollector(engine))

@@ -184,15 +184,15 @@ def first_token_summary(
 
 
 def alone_and_together(
-    engine: KVBoostRAG, prompts: list[Prompt], max_running: int, **options: Any
+    engine: KVBoostRAG, prompts: list[Prompt], **options: Any
 ) -> tuple[list[GenerationResult], float, list[GenerationResult], float]:
-    """Each prompt answered alone, one after another, then all through `generate_batch`: both
-    results and both wall times (seconds)."""
+    """Each prompt answered alone, one after another, then all through `generate_batch` (the
+    engine's `max_running` at once): both results and both wall times (seconds)."""
     started = time.perf_counter()
     alone = [engine.generate(prompt, **options) for prompt in prompts]
     alone_s = time.perf_counter() - started
     started = time.perf_counter()
-    together = engine.generate_batch(prompts, max_running=max_running, **options)
+    together = engine.generate_batch(prompts, **options)
     return alone, alone_s, together, time.perf_counter() - started
 
 

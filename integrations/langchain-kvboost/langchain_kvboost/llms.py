@@ -15,8 +15,6 @@ from kvboost_rag.engine.stream import finish_all
 from kvboost_rag.frameworks.usage import sum_usage
 from langchain_kvboost._engine import EngineFields, generation_info
 
-BATCH_ROWS = 8  # prompts of one call decoding together at most (the server's default batch)
-
 
 class KVBoostLLM(EngineFields, LLM):
     """A local HuggingFace model taking a raw text prompt (no chat template).
@@ -55,7 +53,7 @@ class KVBoostLLM(EngineFields, LLM):
                 if run_manager:
                     run_manager.on_llm_new_token(delta, chunk=GenerationChunk(text=delta))
 
-            results = finish_all(streams, BATCH_ROWS, on_text)
+            results = finish_all(streams, on_text)
         infos = [generation_info(result) for result in results]
         return LLMResult(
             generations=[[Generation(text=r.text, generation_info=info)] for r, info in zip(results, infos)],
