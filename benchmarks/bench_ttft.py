@@ -45,7 +45,7 @@ class TokenClock(DecodeObserver):
         self.seconds: list[float] = []
 
     def on_token(self, request: Request, token: int) -> None:
-        self.seconds.append(time.perf_counter() - request.started)
+        self.seconds.append(time.perf_counter() - request.asked.started)
 
 
 def main() -> None:

@@ -93,10 +93,10 @@ class Decoder:
 
     def _steps(self, request: Request, max_new: int, observer: DecodeObserver) -> Iterator[Any]:
         observer.on_prefill(request)
-        params = request.params
+        params = request.asked.params
         assert request.logits is not None  # set by the prefill, before the decode (and by every step)
         generator = params.generator(request.logits.device)
-        seen = params.seen_tokens(request.tokens, request.logits)  # the repetition penalty's; None: off
+        seen = params.seen_tokens(request.asked.tokens, request.logits)  # the repetition penalty's; None: off
         detokenizer = Detokenizer(self.tokenizer)
         mark = time.perf_counter()
         while True:
@@ -109,10 +109,10 @@ class Decoder:
                 seen[token] = True
             observer.on_token(request, token)
             if not request.generated:  # the first token: an end-of-sequence one breaks out below
-                request.timings.sample_s = time.perf_counter() - mark
-                request.ttft_s = time.perf_counter() - request.started
+                request.stats.timings.sample_s = time.perf_counter() - mark
+                request.stats.ttft_s = time.perf_counter() - request.asked.started
             elif len(request.generated) == 1:
-                request.second_token_s = time.perf_counter() - request.started
+                request.stats.second_token_s = time.perf_counter() - request.asked.started
             if token in self.stop_ids and not params.ignore_eos:
                 request.finish = "eos"
                 break
@@ -124,10 +124,10 @@ class Decoder:
                 yield delta
             if len(request.generated) >= max_new:
                 break
-            if time.perf_counter() > request.deadline:
+            if time.perf_counter() > request.asked.deadline:
                 request.finish = "timeout"
                 break
-            if not request.exact and request.exactness.refresh:
+            if not request.exact and request.asked.exactness.refresh:
                 continue  # the next token comes from exact KV: a step on moved KV would be wasted
             yield from self.step(request, max_new - len(request.generated))
         if len(request.text) > request.emitted:
@@ -138,7 +138,7 @@ class Decoder:
         """Whether the next token must come from exact KV (the exactness policy)."""
         if request.exact:
             return False
-        policy = request.exactness
+        policy = request.asked.exactness
         if policy.refresh and request.generated:
             return True
         return policy.checks(len(request.generated)) and observer.lead(request) < policy.verify_margin
@@ -147,21 +147,23 @@ class Decoder:
         """Recompute the prompt and the answer so far as full prefill would, and go on from there."""
         started = time.perf_counter()
         request.drafted = None  # the new cache holds no draft
-        request.cache, request.slot_positions, request.logits = self.exact_prefill(request.tokens, request.generated)
-        request.exact, request.exact_end, request.exact_from = True, len(request.tokens), len(request.generated)
-        request.recomputed_tokens += len(request.tokens) + len(request.generated)
+        request.cache, request.slot_positions, request.logits = self.exact_prefill(
+            request.asked.tokens, request.generated
+        )
+        request.exact, request.exact_end, request.exact_from = True, len(request.asked.tokens), len(request.generated)
+        request.stats.recomputed_tokens += len(request.asked.tokens) + len(request.generated)
         if request.sparse_decode is not None:
             request.sparse_decode.forget()  # its page summaries described the replaced cache
         spent = time.perf_counter() - started
-        request.refresh_s += spent
+        request.stats.refresh_s += spent
         if not request.generated:
-            request.timings.verify_s = spent
-            if request.return_first_logits:
-                request.first_logits = request.logits.cpu()
+            request.stats.timings.verify_s = spent
+            if request.asked.return_first_logits:
+                request.stats.first_logits = request.logits.cpu()
 
     def take_text(self, request: Request, detokenizer: Detokenizer) -> str:
         """The newly safe text after the last token; sets finish "stop" at a stop string."""
-        stops = request.params.stop
+        stops = request.asked.params.stop
         text = detokenizer.add(request.generated)
         longest = max((len(s) for s in stops), default=0)
         cut = find_stop(text, stops, max(0, request.emitted - longest))
@@ -196,7 +198,7 @@ class Decoder:
         request.logits = rows[0]
         if len(rows) > 1:  # the draft was verified: the logits after each of its tokens
             request.drafted = Drafted(request.proposed, list(rows[1:]))
-            request.drafted_tokens += len(request.proposed)
+            request.stats.drafted_tokens += len(request.proposed)
         request.proposed = []
 
     def take_drafted(self, request: Request) -> bool:
@@ -209,7 +211,7 @@ class Decoder:
             self.drop_drafted(request)
             return False
         request.logits = logits
-        request.accepted_tokens += 1
+        request.stats.accepted_tokens += 1
         return True
 
     def drop_drafted(self, request: Request) -> None:
@@ -223,9 +225,9 @@ class Decoder:
         if not self.draft_tokens or room < 2 or self.batcher.running > 1 or request.next_position > DRAFT_BELOW_TOKENS:
             return []
         if request.lookup is None:
-            request.lookup = PromptLookup([int(t) for t in request.tokens])
+            request.lookup = PromptLookup([int(t) for t in request.asked.tokens])
         lookup = request.lookup
-        lookup.extend(request.generated[len(lookup.tokens) - len(request.tokens) :])
+        lookup.extend(request.generated[len(lookup.tokens) - len(request.asked.tokens) :])
         draft = lookup.draft(min(self.draft_tokens, room - 1))
         step = step_for(self.model)
         if not draft or step is None or not self.compute.run(step.rows_match_steps, len(draft) + 1):

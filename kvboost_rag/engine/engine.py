@@ -33,7 +33,7 @@ from .inputs import check_documents, check_groups, check_real
 from .keeping import AnswerKeeper
 from .prefill import PrefillRunner
 from .prompts import Prompt, PromptTokenizer, PromptTooLongError
-from .request import Request
+from .request import Asked, Request, RequestStats
 from .result import GenerationResult, StageTimings, WarmReport
 from .sampling import SamplingParams
 from .stream import GenerationStream, finish_all
@@ -226,7 +226,7 @@ class KVBoostRAG:
             raise PromptTooLongError(
                 f"prompt has {len(tokens)} tokens; the context window of {self.name} is {self.max_context}"
             )
-        request = Request(
+        asked = Asked(
             tokens=tokens,
             params=params,
             mode=mode,
@@ -236,8 +236,10 @@ class KVBoostRAG:
             return_first_logits=return_first_logits,
             started=started,
             deadline=started + timeout_s if timeout_s is not None else float("inf"),
-            timings=timings,
-            sparse_decode=SparseDecode(sparse) if (sparse := self.config.sparse_decode).applies(len(tokens)) else None,
+        )
+        sparse = self.config.sparse_decode
+        request = Request(
+            asked, RequestStats(timings), sparse_decode=SparseDecode(sparse) if sparse.applies(len(tokens)) else None
         )
         running = Running(request, self._run(request, observer or NO_OBSERVER))
         return GenerationStream(running, self.batcher, len(tokens))
@@ -280,26 +282,26 @@ class KVBoostRAG:
         return mode
 
     def _run(self, request: Request, observer: DecodeObserver) -> Generator[str, None, GenerationResult]:
-        timings = request.timings
+        timings = request.stats.timings
         mark = time.perf_counter()
-        request.boundaries = self.boundaries(request.tokens)
-        request.plan = plan = self._plan(request.tokens, request.boundaries, request.mode)
+        request.boundaries = self.boundaries(request.asked.tokens)
+        request.plan = plan = self._plan(request.asked.tokens, request.boundaries, request.asked.mode)
         timings.lookup_s = time.perf_counter() - mark
-        prefill = self._prefill.run(request.tokens, plan, timings, request.repair)
+        prefill = self._prefill.run(request.asked.tokens, plan, timings, request.asked.repair)
         request.cache, request.logits, request.slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
-        request.repair_tokens = request.recomputed_tokens = prefill.repair_tokens
+        request.stats.repair_tokens = request.stats.recomputed_tokens = prefill.repair_tokens
         request.exact, request.exact_end = plan.tokens("approximate") == 0, plan.exact_end
-        request.first_logits = prefill.logits.cpu() if request.return_first_logits else None
+        request.stats.first_logits = prefill.logits.cpu() if request.asked.return_first_logits else None
         if (
-            request.exactness.settle_share
-            and request.repair.strategy in CHOOSING_STRATEGIES
+            request.asked.exactness.settle_share
+            and request.asked.repair.strategy in CHOOSING_STRATEGIES
             and not request.exact
             and self._decoder.needs_exact(request, observer)
         ):
             self._settle(request)
-        max_new = min(request.params.max_new_tokens, self.max_context - len(request.tokens))
+        max_new = min(request.asked.params.max_new_tokens, self.max_context - len(request.asked.tokens))
         yield from self._decoder.run(request, max_new, observer)
-        if request.store_prompt:
+        if request.asked.store_prompt:
             self._keeper.keep(request)
         return request.result()
 
@@ -308,17 +310,21 @@ class KVBoostRAG:
         tokens recomputed; the decode loop recomputes the whole prompt only if the tie remains."""
         assert request.plan is not None  # planned before the prefill
         started = time.perf_counter()
-        share = max(request.exactness.settle_share, request.repair.rho)
+        share = max(request.asked.exactness.settle_share, request.asked.repair.rho)
         wider = replace(
-            request.repair, rho=share, rho_after_neighbours=None, rho_among_strangers=None, max_tokens_per_run=None
+            request.asked.repair,
+            rho=share,
+            rho_after_neighbours=None,
+            rho_among_strangers=None,
+            max_tokens_per_run=None,
         )
-        prefill = self._prefill.run(request.tokens, request.plan, StageTimings(), wider)
+        prefill = self._prefill.run(request.asked.tokens, request.plan, StageTimings(), wider)
         request.cache, request.logits, request.slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
-        request.repair_tokens = prefill.repair_tokens
-        request.recomputed_tokens += prefill.repair_tokens
-        request.timings.settle_s = time.perf_counter() - started
-        if request.return_first_logits:
-            request.first_logits = prefill.logits.cpu()
+        request.stats.repair_tokens = prefill.repair_tokens
+        request.stats.recomputed_tokens += prefill.repair_tokens
+        request.stats.timings.settle_s = time.perf_counter() - started
+        if request.asked.return_first_logits:
+            request.stats.first_logits = prefill.logits.cpu()
 
     def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
         with self.store.serving():  # the plan's chunks are not evicted while it is made

@@ -73,7 +73,7 @@ def store_prompt_chunks(store: ChunkStore, keys: KeySpace, chunk_size: int, requ
 
     Their KV is dense and exact: they carry the model's fingerprint, under prefix hashes of this
     engine's key space."""
-    tokens, boundaries, plan = request.tokens, request.boundaries, request.plan
+    tokens, boundaries, plan = request.asked.tokens, request.boundaries, request.plan
     assert plan is not None and request.slot_positions is not None
     prefixes = chained_prefix_hashes(keys.stored_kv, tokens, boundaries)
     slot_of_position = torch.argsort(request.slot_positions)
@@ -99,7 +99,9 @@ def store_prompt_head(store: ChunkStore, keys: KeySpace, request: Request) -> No
     if len(first) < MIN_HEAD_TOKENS:
         return
     slot_of_position = torch.argsort(request.slot_positions)
-    store.put(_exact_entry(keys, request, slot_of_position, 0, first.end, head_key(keys, request.tokens[: first.end])))
+    store.put(
+        _exact_entry(keys, request, slot_of_position, 0, first.end, head_key(keys, request.asked.tokens[: first.end]))
+    )
 
 
 def _exact_entry(
@@ -107,7 +109,7 @@ def _exact_entry(
 ) -> ChunkEntry:
     """Prompt tokens [start, end) with their KV as this request computed it exactly: an EXACT-only
     entry (kept in memory, never indexed for approximate matches) under `prefix`."""
-    tokens = request.tokens[start:end].copy()
+    tokens = request.asked.tokens[start:end].copy()
     chunk_keys, chunk_values = gather_slots(request.cache, slot_of_position[start:end])
     return ChunkEntry(
         tokens=tokens,
@@ -134,11 +136,13 @@ def conversation_tail(request: Request, min_tokens: int) -> tuple[np.ndarray, to
     plan = request.plan
     assert plan is not None and request.slot_positions is not None
     answer = request.generated if request.finish == "eos" else request.generated[:-1]
-    sequence = np.concatenate([request.tokens, np.asarray(answer, dtype=np.int64)])
+    sequence = np.concatenate([request.asked.tokens, np.asarray(answer, dtype=np.int64)])
     if len(sequence) < min_tokens:
         return None
     reused_end = max((s.end for s in plan.segments if s.kind != "computed"), default=0)
     start = min(reused_end, len(sequence) - min_tokens)
     prompt_slots = torch.argsort(request.slot_positions)[start:]
-    answer_slots = torch.arange(len(request.tokens), len(request.tokens) + len(answer), device=prompt_slots.device)
+    answer_slots = torch.arange(
+        len(request.asked.tokens), len(request.asked.tokens) + len(answer), device=prompt_slots.device
+    )
     return sequence, torch.cat([prompt_slots, answer_slots]), start

@@ -1,4 +1,4 @@
-"""One request's state, from its tokens to its last token: what the decode steps read and write."""
+"""One request, from its tokens to its last token: what was asked, the decode state, the statistics."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from .sampling import SamplingParams
 from .speculation import Drafted, PromptLookup
 
 
-@dataclass(slots=True)
-class Request:
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What the caller asked for, every input checked (`KVBoostRAG.stream`): fixed while it runs."""
+
     tokens: np.ndarray
     params: SamplingParams
     mode: Mode
@@ -28,12 +30,32 @@ class Request:
     return_first_logits: bool
     started: float  # perf_counter at the call: every time is measured from here
     deadline: float
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """What a request counts and times on its way, for its result."""
+
     timings: StageTimings
-    boundaries: list[int] = field(default_factory=list)
-    plan: ReusePlan | None = None
     repair_tokens: int = 0
     # tokens computed again that a cache had given: the repair's, then any exact recompute's
     recomputed_tokens: int = 0
+    refresh_s: float = 0.0
+    ttft_s: float = 0.0
+    second_token_s: float | None = None  # from the call to the second sampled token
+    first_logits: torch.Tensor | None = None  # asked for with `return_first_logits`
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens the answer took: each a forward pass saved
+
+
+@dataclass(slots=True)
+class Request:
+    """A request on its way: what was asked, the decode state the steps read and write, its stats."""
+
+    asked: Asked
+    stats: RequestStats
+    boundaries: list[int] = field(default_factory=list)
+    plan: ReusePlan | None = None
     # the cache the next step reads, the slot position of each prompt token in it, and the logits
     cache: Any = None
     slot_positions: torch.Tensor | None = None
@@ -41,39 +63,33 @@ class Request:
     exact: bool = True  # False while the answer reads moved KV
     exact_end: int = 0  # prompt positions before this have full prefill's KV
     exact_from: int | None = None  # the first answer token taken from recomputed exact KV
-    refresh_s: float = 0.0
-    first_logits: torch.Tensor | None = None
     generated: list[int] = field(default_factory=list)
     text: str = ""
     emitted: int = 0
     finish: FinishReason = "length"
-    ttft_s: float = 0.0
-    second_token_s: float | None = None  # from the call to the second sampled token
     sparse_decode: SparseDecode | None = None  # decode steps attend to selected pages (long prompts)
     lookup: PromptLookup | None = None  # the prompt and the answer, indexed for drafts (`speculation`)
     drafted: Drafted | None = None  # a verified draft's tokens not yet sampled, and their logits
     proposed: list[int] = field(default_factory=list)  # a draft the next step verifies
     step_logits: torch.Tensor | None = None  # [1 + verified draft, vocab]: what the batch's step gave
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0  # drafted tokens the answer took: each a forward pass saved
 
     @property
     def next_position(self) -> int:
         """The position of the token after the last one generated."""
-        return len(self.tokens) + len(self.generated)
+        return len(self.asked.tokens) + len(self.generated)
 
     def result(self) -> GenerationResult:
         """What the caller gets once the answer is done."""
-        plan = self.plan
+        plan, asked, stats = self.plan, self.asked, self.stats
         assert plan is not None
         return GenerationResult(
             text=self.text,
-            mode=self.mode,
+            mode=asked.mode,
             finish_reason=self.finish,
-            ttft_s=self.ttft_s,
-            second_token_s=self.second_token_s,
-            total_s=time.perf_counter() - self.started,
-            prompt_tokens=len(self.tokens),
+            ttft_s=stats.ttft_s,
+            second_token_s=stats.second_token_s,
+            total_s=time.perf_counter() - asked.started,
+            prompt_tokens=len(asked.tokens),
             new_tokens=len(self.generated),
             reused_exact_tokens=plan.tokens("exact"),
             reused_approximate_tokens=plan.tokens("approximate"),
@@ -81,15 +97,15 @@ class Request:
             exact_chunks=plan.exact_chunks,
             approximate_chunks=plan.approximate_chunks,
             missed_chunks=plan.missed_chunks,
-            repair_strategy=self.repair.strategy if self.mode == "reuse" else "none",
-            repair_tokens=self.repair_tokens,
-            recomputed_tokens=self.recomputed_tokens,
-            timings=self.timings,
-            refresh_s=self.refresh_s,
+            repair_strategy=asked.repair.strategy if asked.mode == "reuse" else "none",
+            repair_tokens=stats.repair_tokens,
+            recomputed_tokens=stats.recomputed_tokens,
+            timings=stats.timings,
+            refresh_s=stats.refresh_s,
             exact_from=self.exact_from,
             token_ids=self.generated,
-            first_logits=self.first_logits,
+            first_logits=stats.first_logits,
             sparse_decode=self.sparse_decode.stats if self.sparse_decode is not None else None,
-            drafted_tokens=self.drafted_tokens,
-            accepted_tokens=self.accepted_tokens,
+            drafted_tokens=stats.drafted_tokens,
+            accepted_tokens=stats.accepted_tokens,
         )
