@@ -11,12 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
-from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
-from kvboost_rag.environment import engine_for, with_environment
+from kvboost_rag import GenerationResult, KVBoostRAG
+from kvboost_rag.frameworks.options import EngineOptions, option_fields
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage, reuse_details
-from kvboost_rag.options import OPTIONS, check_options, known_options, stream_options
-
-DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
 
 class _Strict(BaseModel):
@@ -28,18 +25,18 @@ class _Strict(BaseModel):
 # LangChain's standard names for two options (its standard tests pass `timeout`); both work.
 LANGCHAIN_NAMES = {"model": "model_name", "timeout_s": "timeout"}
 
-
-def _field(option: Any) -> tuple[Any, Any]:
-    alias = LANGCHAIN_NAMES.get(option.name)
-    return option.type, Field(default=option.default, alias=alias, description=option.doc)
-
-
 _OptionFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
-    "KVBoostOptions", __base__=_Strict, __module__=__name__, **{o.name: _field(o) for o in OPTIONS}
+    "KVBoostOptions",
+    __base__=_Strict,
+    __module__=__name__,
+    **{
+        name: (kind, Field(default=default, alias=LANGCHAIN_NAMES.get(name), description=doc))
+        for name, (kind, default, doc) in option_fields().items()
+    },
 )
 
 
-class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
+class EngineFields(EngineOptions, _OptionFields):  # type: ignore[misc, valid-type]
     """Fields of both LangChain classes; the engine loads on first use, not at construction."""
 
     engine: KVBoostRAG | None = Field(default=None, exclude=True)
@@ -49,38 +46,17 @@ class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
     max_retries: int = 0
     """Accepted for LangChain's standard interface; local generation has nothing to retry."""
 
-    _engine: KVBoostRAG | None = PrivateAttr(default=None)
+    _own_engine: KVBoostRAG | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
     def _known_names(cls, data: Any) -> Any:
-        """An unknown option is an error naming it, and the option meant, not a silent no-op."""
-        if isinstance(data, dict):
-            fields = cls.model_fields
-            known = set(fields) | {f.alias for f in fields.values() if f.alias}
-            return known_options(data, known, f"{cls.__name__} option")
-        return data
+        return cls.known_names(data, cls.model_fields, f"{cls.__name__} option")
 
     @model_validator(mode="after")
     def _check_values(self) -> EngineFields:
-        """Bad values fail here, not at the first call after loading the model."""
-        shared = self.engine is not None
-        check_options(self.option_values() if shared else self.build_values(), shared_engine=shared)
+        self.check_values()
         return self
-
-    def option_values(self) -> dict[str, Any]:
-        return {o.name: getattr(self, o.name) for o in OPTIONS}
-
-    def build_values(self) -> dict[str, Any]:
-        """What an engine is built from: the fields, KVBOOST_RAG_<OPTION> for those not given."""
-        return with_environment(self.option_values(), self.model_fields_set)
-
-    def get_engine(self) -> KVBoostRAG:
-        if self.engine is not None:
-            return self.engine
-        if self._engine is None:
-            self._engine = engine_for(self.build_values(), self.model_fields_set)
-        return self._engine
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids by the model's own tokenizer (LangChain's default downloads GPT-2's)."""
@@ -91,20 +67,6 @@ class EngineFields(_OptionFields):  # type: ignore[misc, valid-type]
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model": self.model_label, "temperature": self.temperature, "max_tokens": self.max_tokens}
-
-    @property
-    def model_label(self) -> str:
-        if self.engine is not None:
-            return self.model or self.engine.name
-        return self.build_values().get("model") or DEFAULT_MODEL_LABEL
-
-    def open_stream(self, prompt: Any, stop: list[str] | None, **kwargs: Any) -> GenerationStream:
-        """The engine's stream of text deltas; `.result` once exhausted. Call options win."""
-        override = kwargs.pop("model", None)
-        if override is not None and override != self.model_label:
-            raise ValueError(f"one engine serves one model: {self.model_label!r} cannot answer as {override!r}")
-        options = stream_options(self.option_values(), kwargs, stop)  # a bad option fails before loading
-        return self.get_engine().stream(prompt, **options)
 
 
 def usage_metadata(result: GenerationResult) -> dict[str, Any]:

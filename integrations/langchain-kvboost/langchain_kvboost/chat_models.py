@@ -78,7 +78,7 @@ class ChatKVBoost(EngineFields, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        stream = self.open_stream(to_chat(messages), stop, **kwargs)
+        stream = self.open_stream(to_chat(messages), kwargs, stop)
         for delta in stream:
             if run_manager:
                 run_manager.on_llm_new_token(delta)
@@ -113,7 +113,7 @@ class ChatKVBoost(EngineFields, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        stream = self.open_stream(to_chat(messages), stop, **kwargs)
+        stream = self.open_stream(to_chat(messages), kwargs, stop)
         for delta in stream:  # each token as the engine produces it
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager:

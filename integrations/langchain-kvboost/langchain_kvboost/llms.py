@@ -30,7 +30,7 @@ class KVBoostLLM(EngineFields, LLM):
     def _run(
         self, prompt: str, stop: list[str] | None, run_manager: CallbackManagerForLLMRun | None, **kwargs: Any
     ) -> GenerationResult:
-        stream = self.open_stream(prompt, stop, **kwargs)
+        stream = self.open_stream(prompt, kwargs, stop)
         for delta in stream:
             if run_manager:
                 run_manager.on_llm_new_token(delta, chunk=GenerationChunk(text=delta))
@@ -47,7 +47,7 @@ class KVBoostLLM(EngineFields, LLM):
         if len(prompts) == 1:
             results = [self._run(prompts[0], stop, run_manager, **kwargs)]
         else:  # `llm.batch` / `generate` of many prompts: they decode together (continuous batching)
-            streams = [self.open_stream(prompt, stop, **kwargs) for prompt in prompts]
+            streams = [self.open_stream(prompt, kwargs, stop) for prompt in prompts]
 
             def on_text(_: int, delta: str) -> None:
                 if run_manager:
@@ -87,7 +87,7 @@ class KVBoostLLM(EngineFields, LLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        stream = self.open_stream(prompt, stop, **kwargs)
+        stream = self.open_stream(prompt, kwargs, stop)
         for delta in stream:
             chunk = GenerationChunk(text=delta)
             if run_manager:

@@ -10,4 +10,4 @@ def test_all_imports() -> None:
 
 def test_construction_loads_nothing() -> None:
     chat = langchain_kvboost.ChatKVBoost(model="/nowhere/model", max_tokens=5)
-    assert chat._engine is None and chat.max_tokens == 5
+    assert chat._own_engine is None and chat.max_tokens == 5

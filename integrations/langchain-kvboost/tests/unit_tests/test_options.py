@@ -72,7 +72,7 @@ def test_an_unknown_call_option_fails_before_loading(cls: type) -> None:
     model = cls(model="/nowhere/model")
     with pytest.raises(TypeError, match="'max_new_tokens' \\(did you mean 'max_tokens'\\?\\)"):
         model.invoke("Hello", max_new_tokens=3)
-    assert model._engine is None
+    assert model._own_engine is None
 
 
 def usage(prompt: int, completion: int, cached: int) -> dict:

@@ -41,4 +41,4 @@ def test_an_image_part_is_refused_not_dropped(part: dict) -> None:
         chat.invoke([SystemMessage(content="Answer briefly."), message])
     with pytest.raises(ValueError, match="reads text only"):
         list(chat.stream([message]))
-    assert chat._engine is None  # refused before the model loads
+    assert chat._own_engine is None  # refused before the model loads

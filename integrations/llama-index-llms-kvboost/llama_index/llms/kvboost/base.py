@@ -22,10 +22,9 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 
 from kvboost_rag import GenerationResult, GenerationStream, KVBoostRAG
-from kvboost_rag.environment import engine_for, with_environment
+from kvboost_rag.frameworks.options import EngineOptions, option_fields
 from kvboost_rag.frameworks.text_only import refuse_media
 from kvboost_rag.frameworks.usage import finish_reason, openai_usage
-from kvboost_rag.options import OPTIONS, check_options, known_options, stream_options
 
 # The option fields from the table the LangChain package, the command line and the server read
 # too: all take the same names; one not given comes from its KVBOOST_RAG_<OPTION> variable, as
@@ -34,7 +33,7 @@ _OptionFields: type[CustomLLM] = create_model(  # type: ignore[call-overload]
     "KVBoostOptions",
     __base__=CustomLLM,
     __module__=__name__,
-    **{o.name: (o.type, Field(default=o.default, description=o.doc)) for o in OPTIONS},
+    **{name: (kind, Field(default=default, description=doc)) for name, (kind, default, doc) in option_fields().items()},
 )
 
 
@@ -46,7 +45,7 @@ NO_FUNCTION_CALLING = (
 )
 
 
-class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
+class KVBoostLLM(EngineOptions, _OptionFields):  # type: ignore[misc, valid-type]
     """A local HuggingFace model through kvboost-rag.
 
     Nodes warmed beforehand (by `KVBoostWarmTransformation` at ingestion, `KVBoostRetrievalWarmer`
@@ -71,37 +70,16 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
     @model_validator(mode="before")
     @classmethod
     def _known_names(cls, data: Any) -> Any:
-        """An unknown option is an error naming it, and the option meant, not a silent no-op."""
-        if isinstance(data, dict):
-            fields = cls.model_fields
-            return known_options(data, set(fields) | {f.alias for f in fields.values() if f.alias}, "KVBoostLLM option")
-        return data
+        return cls.known_names(data, cls.model_fields, "KVBoostLLM option")
 
     @model_validator(mode="after")
     def _check_values(self) -> KVBoostLLM:
-        """Bad values fail here, not at the first call after loading the model."""
-        shared = self.engine is not None
-        check_options(self.option_values() if shared else self.build_values(), shared_engine=shared)
+        self.check_values()
         return self
-
-    def option_values(self) -> dict[str, Any]:
-        return {o.name: getattr(self, o.name) for o in OPTIONS}
-
-    def build_values(self) -> dict[str, Any]:
-        """What an engine is built from: the fields, KVBOOST_RAG_<OPTION> for those not given."""
-        return with_environment(self.option_values(), self.model_fields_set)
 
     @classmethod
     def class_name(cls) -> str:
         return "KVBoostLLM"
-
-    def get_engine(self) -> KVBoostRAG:
-        """The shared engine, or one loaded on first use (not at construction)."""
-        if self.engine is not None:
-            return self.engine
-        if self._own_engine is None:
-            self._own_engine = engine_for(self.build_values(), self.model_fields_set)
-        return self._own_engine
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids by the model's own tokenizer: `Settings.tokenizer = llm.tokenize` makes
@@ -115,16 +93,12 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
         No function calling: LlamaIndex reads this and runs tools and structured output through
         the prompt (ReActAgent, LLMTextCompletionProgram), or says the LLM cannot.
         """
-        if self.engine is not None:
-            name = self.model or self.engine.name
-        else:
-            name = self.build_values().get("model") or "SmolLM2-135M-Instruct"
         return LLMMetadata(
             context_window=self.context_window or self.get_engine().max_context,
             num_output=self.max_tokens,
             is_chat_model=True,
             is_function_calling_model=False,
-            model_name=name,
+            model_name=self.model_label,
         )
 
     # function calling: FunctionCallingLLM's methods, refused with what to use instead ------
@@ -142,8 +116,7 @@ class KVBoostLLM(_OptionFields):  # type: ignore[misc, valid-type]
 
     def _open(self, prompt: str | list[dict[str, str]], kwargs: dict[str, Any]) -> GenerationStream:
         """The engine's token stream; call options win over the fields. Bad input raises here."""
-        options = stream_options(self.option_values(), kwargs)  # a bad option fails before loading
-        return self.get_engine().stream(prompt, **options)
+        return self.open_stream(prompt, kwargs)
 
     # Each public method is one LlamaIndex event; the async ones run the sync work in a worker
     # thread (the engine serializes forward passes itself), so the event loop stays free.
