@@ -37,14 +37,24 @@ if TYPE_CHECKING:
     from .engine import KVBoostRAG  # imports torch: only where an engine is built
 
 
+_AS_DEFAULT: Any = object()  # an option the server defaults as every other front-end does
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One option: its name, the type its field takes, its default and a one-line doc."""
+    """One option: its name, the type its field takes, its default and a one-line doc; where the
+    OpenAI-compatible server defaults it otherwise (to what OpenAI's clients expect), that too."""
 
     name: str
     type: Any
     default: Any
     doc: str
+    server: Any = _AS_DEFAULT
+
+    @property
+    def server_default(self) -> Any:
+        """Its default in a request to `kvboost-rag serve` that leaves it out."""
+        return self.default if self.server is _AS_DEFAULT else self.server
 
 
 _ENGINE_DEFAULTS = EngineConfig()
@@ -147,9 +157,12 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
 
 _SAMPLING_DEFAULTS = SamplingParams()
 SAMPLING_OPTIONS: tuple[Option, ...] = (
-    Option("temperature", float, _SAMPLING_DEFAULTS.temperature, "Sampling temperature; 0 is greedy."),
+    # The server's are OpenAI's: clients written for OpenAI expect a temperature of 1.0 (`serve
+    # --temperature` sets another), and 512 tokens keeps a forgotten limit from holding the model
+    # for minutes (OpenAI's chat has no limit but the context window).
+    Option("temperature", float, _SAMPLING_DEFAULTS.temperature, "Sampling temperature; 0 is greedy.", server=1.0),
     # NOTE: not SamplingParams' 128: what the framework packages have always answered with.
-    Option("max_tokens", int, 256, "Most new tokens per answer."),
+    Option("max_tokens", int, 256, "Most new tokens per answer.", server=512),
     Option("top_p", float, _SAMPLING_DEFAULTS.top_p, "Nucleus sampling mass; 1 switches it off."),
     Option("top_k", int, _SAMPLING_DEFAULTS.top_k, "Sample among the k likeliest tokens; 0 switches it off."),
     Option(
@@ -174,6 +187,8 @@ SAMPLING_OPTIONS: tuple[Option, ...] = (
 OPTIONS: tuple[Option, ...] = LOAD_OPTIONS + ENGINE_OPTIONS + SAMPLING_OPTIONS
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 OPTION_NAMES = frozenset(OPTIONS_BY_NAME)
+# What a request to the server gets for what it leaves out (the table's `server` column).
+SERVER_DEFAULTS: dict[str, Any] = {o.name: o.server_default for o in OPTIONS}
 # Engine options a request can take too: they apply to a shared `engine=` as well.
 REQUEST_ENGINE_OPTIONS = frozenset({"mode", "repair", "exactness", "store_prompt"})
 # What only building an engine uses: meaningless next to an engine built already.

@@ -17,6 +17,7 @@ from kvboost_rag.cli.options import FORMER_FLAGS, table_options
 from kvboost_rag.options import (
     CALL_OPTIONS,
     ENGINE_OPTIONS,
+    OPTIONS,
     OPTIONS_BY_NAME,
     check_options,
     known_options,
@@ -40,6 +41,17 @@ def test_call_options_become_stream_arguments_by_the_engines_names() -> None:
         stream_options({}, {"max_new_tokens": 3})
     with pytest.warns(DeprecationWarning, match="'timeout' is now 'timeout_s'"):
         assert stream_options({}, {"timeout": 2.0})["timeout_s"] == 2.0
+
+
+def test_the_server_defaults_are_a_column_of_the_table() -> None:
+    """A request that leaves an option out gets the table's default, OpenAI's where its clients expect them."""
+    differing = {o.name: (o.default, o.server_default) for o in OPTIONS if o.server_default != o.default}
+    assert differing == {"temperature": (0.0, 1.0), "max_tokens": (256, 512)}
+    bare = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert stream_arguments(bare)["sampling"] == SamplingParams(max_new_tokens=512, temperature=1.0)
+    assert stream_arguments(bare, temperature=0.0)["sampling"].temperature == 0.0  # serve --temperature
+    given = bare.model_copy(update={"max_tokens": 7, "temperature": 0.3})
+    assert stream_arguments(given)["sampling"] == SamplingParams(max_new_tokens=7, temperature=0.3)
 
 
 def test_the_engines_errors_come_through_unchanged() -> None:
