@@ -19,10 +19,11 @@ import time
 from dataclasses import asdict, replace
 
 from kvboost_lab import harness
+from kvboost_lab.variants import RESEARCH_VARIANTS
 from kvboost_rag import DecodeObserver, GenerationResult, KVBoostRAG
 from kvboost_rag.engine import Request
 from kvboost_rag.eval.prompt import rag_messages
-from kvboost_rag.eval.variants import VARIANTS, Baseline, Variant
+from kvboost_rag.eval.variants import Baseline, Variant
 
 # JSON name -> eval variant: every reuse one is that technique alone (nothing recomputed after
 # the prefill) but "default", the engine as it ships (near-tie first token verified, the rest
@@ -58,7 +59,7 @@ def main() -> None:
         engine.model, engine.tokenizer, replace(engine.config, memory_budget_bytes=4 * 1024**3), name=engine.name
     )
     baseline = Baseline(engine.config.repair, engine.config.exactness)
-    variants = {name: replace(VARIANTS[eval_name](baseline), name=name) for name, eval_name in NAMES.items()}
+    variants = {name: replace(RESEARCH_VARIANTS[eval_name](baseline), name=name) for name, eval_name in NAMES.items()}
     warm = harness.warm(engine, nq)
 
     def answer(variant: Variant, messages: list) -> tuple[GenerationResult, float | None]:

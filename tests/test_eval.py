@@ -10,15 +10,18 @@ from typing import Any
 
 import pytest
 import torch
+import typer
 from typer.testing import CliRunner
 
+from kvboost_lab.eval_cli import app as lab_app
+from kvboost_lab.variants import RESEARCH_VARIANTS, rho_variants
 from kvboost_rag import KVBoostRAG
 from kvboost_rag.cli import app
 from kvboost_rag.config import ExactnessConfig, RepairConfig
 from kvboost_rag.eval.data import load_qa
 from kvboost_rag.eval.report import format_table, write
 from kvboost_rag.eval.runner import paired_ci, run_eval
-from kvboost_rag.eval.variants import VARIANTS, Baseline, Variant, rho_variants, variants
+from kvboost_rag.eval.variants import VARIANTS, Baseline, Variant, variants
 from kvboost_rag.ops.logits import kl_divergence as first_token_kl
 from kvboost_rag.ops.logits import top_margin
 
@@ -86,7 +89,7 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
     path = tmp_path / "qa.jsonl"
     path.write_text("\n".join(map(json.dumps, RECORDS)))
     examples = load_qa(path)
-    chosen = variants(VARIANTS, Baseline(RepairConfig(), ExactnessConfig()))
+    chosen = variants(RESEARCH_VARIANTS, Baseline(RepairConfig(), ExactnessConfig()), RESEARCH_VARIANTS)
     report = run_eval(
         fresh_engine,
         examples,
@@ -97,7 +100,7 @@ def test_small_eval_end_to_end(fresh_engine: KVBoostRAG, tmp_path: Path) -> None
         max_new_tokens=12,
     )
     summary = report.summary()
-    assert set(summary) == set(VARIANTS) - {"prefix"} | {"cacheblend@1"}
+    assert set(summary) == set(RESEARCH_VARIANTS) - {"prefix"} | {"cacheblend@1"}
     for record in report.records["verify"] + report.records["default"]:
         # a verified first token is full prefill's, logits and all
         assert record.exact_from != 0 or (record.first_token_agrees and record.first_token_kl == 0.0)
@@ -151,11 +154,11 @@ def test_first_variant_must_be_full(fresh_engine: KVBoostRAG) -> None:
         run_eval(fresh_engine, [], lambda i: [], [Variant("none", "reuse", RepairConfig(strategy="none"))])
 
 
-def test_cli_eval_runs_on_a_small_file(tmp_path: Path) -> None:
+def test_lab_eval_runs_research_variants_on_a_small_file(tmp_path: Path) -> None:
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
     result = CliRunner().invoke(
-        app,
+        lab_app,
         [
             "eval",
             "--data",
@@ -180,6 +183,25 @@ def test_cli_eval_runs_on_a_small_file(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "eval_k2_n2.md").is_file()
 
 
+def test_cli_eval_takes_the_products_variants_and_the_engines_options(tmp_path: Path) -> None:
+    """`kvboost-rag eval`: full, default, plain and the option table's engine flags; the research
+    variants are the lab's (`kvboost-lab eval`), named in the refusal."""
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(RECORDS))
+    common = ["eval", "--data", str(path), "--limit", "2", "--use-ctxs", "--k", "2", "--max-new-tokens", "2"]
+    out = tmp_path / "out"
+    arguments = [*common, "--repair", "cacheblend:0.3", "--verify-margin", "0", "--chunk-size", "64", "--out", str(out)]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "eval_k2_n2.json").read_text())
+    assert set(report["summary"]) == {"full", "default", "plain"}
+    assert "rho=0.3" in report["settings"]["repair"] and "verify_margin=0" in report["settings"]["exactness"]
+    refused = CliRunner().invoke(app, [*common, "--variants", "full,cacheblend"])
+    assert refused.exit_code == 2 and "cacheblend" in refused.output and "Traceback" not in refused.output
+    for research in ("--rho-sweep", "--others-from", "--check-layer"):
+        assert CliRunner().invoke(app, [*common, research, "1"]).exit_code == 2, research
+
+
 def test_cli_eval_warms_as_the_cli_does_and_can_mix_in_random_passages(tmp_path: Path) -> None:
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
@@ -187,7 +209,7 @@ def test_cli_eval_warms_as_the_cli_does_and_can_mix_in_random_passages(tmp_path:
     for extra, stem in [([], "eval_k2_n2"), (["--random-others"], "eval_k2_n2_random")]:
         out = tmp_path / stem
         variants = "full,default,plain,nearest"
-        result = CliRunner().invoke(app, [*common, "--variants", variants, "--out", str(out), *extra])
+        result = CliRunner().invoke(lab_app, [*common, "--variants", variants, "--out", str(out), *extra])
         assert result.exit_code == 0, result.output
         report = json.loads((out / f"{stem}.json").read_text())
         assert report["settings"]["warm_neighbours"] == 4, "as kvboost-rag warm warms"
@@ -222,7 +244,7 @@ def test_cli_eval_mixes_documents_from_a_second_corpus(tmp_path: Path, monkeypat
     out = tmp_path / "out"
     arguments = ["eval", "--data", str(path), "--limit", "2", "--k", "2", "--rho-sweep", "", "--max-new-tokens", "2"]
     arguments += ["--variants", "full,default,plain", "--others-from", str(other), "--out", str(out)]
-    result = CliRunner().invoke(app, arguments)
+    result = CliRunner().invoke(lab_app, arguments)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval_k2_n2_two_corpora.json").read_text())
     assert report["settings"]["others_from"] == "python.json" and report["settings"]["warming"] == "groups"
@@ -244,12 +266,12 @@ def test_cli_eval_refuses_a_second_corpus_with_given_or_random_documents_or_with
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
     for extra in ("--use-ctxs", "--random-others"):
-        result = CliRunner().invoke(app, ["eval", "--data", str(path), "--others-from", str(path), extra])
+        result = CliRunner().invoke(lab_app, ["eval", "--data", str(path), "--others-from", str(path), extra])
         assert result.exit_code == 2 and "Traceback" not in result.output, result.output
         assert "--others-from" in result.output and extra in result.output
     empty = tmp_path / "questions-only.json"
     empty.write_text(json.dumps([{"question": "q", "answers": ["a"]}]))
-    result = CliRunner().invoke(app, ["eval", "--data", str(path), "--others-from", str(empty)])
+    result = CliRunner().invoke(lab_app, ["eval", "--data", str(path), "--others-from", str(empty)])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "holds no passages" in result.output
 
@@ -261,12 +283,14 @@ def test_cli_eval_refuses_unknown_variants(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "magic" in result.output
 
 
-def test_cli_eval_help_lists_every_variant_with_what_it_runs() -> None:
-    result = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "100"}, terminal_width=100)
+@pytest.mark.parametrize(("command", "registry"), [(app, VARIANTS), (lab_app, RESEARCH_VARIANTS)])
+def test_cli_eval_help_lists_every_variant_with_what_it_runs(command: typer.Typer, registry: dict) -> None:
+    result = CliRunner().invoke(command, ["eval", "--help"], env={"COLUMNS": "100"}, terminal_width=100)
     assert result.exit_code == 0, result.output
     listed = result.output[result.output.index("Variants (--variants):") :].splitlines()
-    for name, builder in VARIANTS.items():
+    for name, builder in registry.items():
         assert any(line.split()[:1] == [name] and builder.about.split()[0] in line for line in listed), name
+    assert len([line for line in listed if line.split()[:1] and line.split()[0] in registry]) == len(registry)
     assert "eval/variants.py" not in result.output and "full,default,plain" in result.output
 
 
@@ -300,11 +324,14 @@ def test_prompts_over_the_context_window_leave_out_the_lowest_ranked(
         fitting_documents(fresh_engine, question, documents, TEMPLATE, True, 8)
 
 
-@pytest.mark.parametrize("option", [["--verify-margin", "2"], ["--verify-tokens", "-1"], ["--doc-passages", "0"]])
-def test_cli_eval_refuses_bad_settings(tmp_path: Path, option: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [(app, ["--verify-margin", "2"]), (app, ["--verify-tokens", "-1"]), (lab_app, ["--doc-passages", "0"])],
+)
+def test_cli_eval_refuses_bad_settings(tmp_path: Path, command: typer.Typer, option: list[str]) -> None:
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
-    result = CliRunner().invoke(app, ["eval", "--data", str(path), "--limit", "1", *option])
+    result = CliRunner().invoke(command, ["eval", "--data", str(path), "--limit", "1", *option])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert option[0].lstrip("-").split("-")[0] in result.output.lower()
 
@@ -352,7 +379,9 @@ def test_default_reads_documents_warmed_in_groups_and_nearest_its_own_store(
     group_of = {d: group for group in documents for d in group}.__getitem__
     neighbours_for = lambda d: [o for o in group_of(d) if o != d]  # noqa: E731
     chosen = variants(
-        ["plain", "default", "nearest"], Baseline(RepairConfig(max_tokens_per_run=None), ExactnessConfig.off())
+        ["plain", "default", "nearest"],
+        Baseline(RepairConfig(max_tokens_per_run=None), ExactnessConfig.off()),
+        RESEARCH_VARIANTS,
     )
     warmed: list[tuple[KVBoostRAG, list[list[str]]]] = []
     warm_together = KVBoostRAG.warm_together
@@ -386,13 +415,15 @@ def test_default_reads_documents_warmed_in_groups_and_nearest_its_own_store(
 
 def test_sinks_is_the_default_with_each_moved_runs_first_tokens_recomputed() -> None:
     baseline = Baseline(RepairConfig(rho=0.2, check_layer=3), ExactnessConfig(verify_margin=0.1))
-    default, sinks = variants(["default", "sinks"], baseline)[1:]
+    default, sinks = variants(["default", "sinks"], baseline, RESEARCH_VARIANTS)[1:]
     assert sinks.repair == RepairConfig(rho=0.2, check_layer=3, blend_boundary_tokens=4) != default.repair
     assert (sinks.mode, sinks.exactness, sinks.warming) == (default.mode, default.exactness, default.warming)
 
 
 def test_strangers_as_alone_is_the_default_with_the_rule_before_strangers_had_a_share() -> None:
-    default, as_alone = variants(["default", "strangers-as-alone"], Baseline(RepairConfig(), ExactnessConfig()))[1:]
+    default, as_alone = variants(
+        ["default", "strangers-as-alone"], Baseline(RepairConfig(), ExactnessConfig()), RESEARCH_VARIANTS
+    )[1:]
     assert default.repair is not None and default.repair.rho_among_strangers == RepairConfig().rho_among_strangers
     assert as_alone.repair == RepairConfig(rho_among_strangers=None)
     assert (as_alone.mode, as_alone.exactness, as_alone.warming) == (default.mode, default.exactness, default.warming)
@@ -412,7 +443,7 @@ def test_retention_is_the_share_of_full_prefills_right_answers_kept() -> None:
 
 def test_deviation_is_the_default_by_cacheblend_and_query_the_query_guided_repair() -> None:
     baseline = Baseline(RepairConfig(strategy="query", rho=0.2), ExactnessConfig(verify_margin=0.1))
-    default, deviation, query = variants(["default", "deviation", "query"], baseline)[1:]
+    default, deviation, query = variants(["default", "deviation", "query"], baseline, RESEARCH_VARIANTS)[1:]
     assert deviation.repair == replace(baseline.repair, strategy="cacheblend")
     assert query.repair == RepairConfig.query_guided() and query.repair.strategy == "query"
     assert query.repair.blend_boundary_tokens == 4 and query.repair.rho < RepairConfig().rho
@@ -442,6 +473,6 @@ def test_cli_eval_refuses_an_unknown_repair_before_answering(tmp_path: Path, ext
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(RECORDS))
     arguments = ["eval", "--data", str(path), "--limit", "1", "--use-ctxs", "--k", "1", "--out", str(tmp_path / "out")]
-    result = CliRunner().invoke(app, [*arguments, *extra])
+    result = CliRunner().invoke(lab_app, [*arguments, *extra])
     assert result.exit_code == 2 and words in " ".join(result.output.split()), result.output
     assert not (tmp_path / "out").exists(), "nothing answered, nothing written"

@@ -1,32 +1,32 @@
-"""`kvboost-rag eval`: NaturalQuestions-style accuracy and timings of every variant against full prefill."""
+"""`kvboost-rag eval`: NaturalQuestions-style accuracy and timings of the product's variants
+(full prefill, the default, plain) against full prefill, under any engine option of the table.
+
+`run_evaluation` is the whole run; the lab's `kvboost-lab eval` calls it with its research
+variants and flags (`lab/kvboost_lab/eval_cli.py`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..config import MEMORY_ONLY
-from ..eval.variants import DEFAULT_VARIANTS, described
+from ..eval.variants import DEFAULT_VARIANTS, VARIANTS, Builder, described
 from ..neighbours import DEFAULT_NEIGHBOURS
 from .app import app, store_location
 from .options import table_options
 
 if TYPE_CHECKING:
     from ..eval.data import QAExample
+    from ..eval.variants import Baseline, Variant
 
 # Sized for a CPU (issue 32): the former seven variants and rho sweep took ~175 s a question on
 # one, so 500 questions took a day; 500 narrows EM's interval to a few points where there is time.
 DEFAULT_LIMIT = 20
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as error:
-        raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from error
 
 
 def _groups(sample: list[str], neighbours_for: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
@@ -64,115 +64,113 @@ def _counted(items: Iterable[int], count: Callable[[int], object]) -> Iterator[i
         count(1)
 
 
-@app.command("eval", epilog="Variants (--variants):\n" + described())
-@table_options("model", "dtype", "weights", "device", "store", defaults={"store": MEMORY_ONLY})
-def eval_command(
-    data: Annotated[
-        Path | None,
-        typer.Option(
-            help="QA file (jsonl or json list, .gz or not); default NQ-Open", exists=True, dir_okay=False, readable=True
-        ),
-    ] = None,
-    limit: Annotated[
-        int,
-        typer.Option(
-            help=f"questions to answer: {DEFAULT_LIMIT} suits a CPU run (the progress bar shows the time left); "
-            "500 for EM within a few points",
-            min=1,
-        ),
-    ] = DEFAULT_LIMIT,
-    k: Annotated[int, typer.Option(help="passages per prompt")] = 5,
-    doc_passages: Annotated[
-        int, typer.Option(help="passages per document: >1 joins neighbouring passages into long documents")
-    ] = 1,
-    warm_neighbours: Annotated[
-        int | None,
-        typer.Option(
-            help="warm documents among their N nearest corpus documents (FusionRAG; in groups of mutual "
-            f"neighbours), as `kvboost-rag warm` does; 0: alone [default: {DEFAULT_NEIGHBOURS}; 0 with --use-ctxs]",
-            min=0,
-        ),
-    ] = None,
-    warm_in_parts: Annotated[
-        int,
-        typer.Option(
-            help="warm the corpus as N runs of `kvboost-rag warm` over a growing folder: a document's "
-            "neighbours come from its run and earlier ones",
-            min=1,
-        ),
-    ] = 1,
-    random_others: Annotated[
-        bool,
-        typer.Option(
-            help="keep each question's best passage and fill the prompt with random corpus ones (not neighbours)"
-        ),
-    ] = False,
-    others_from: Annotated[
-        Path | None,
-        typer.Option(
-            help="fill half of each prompt with the question's nearest passages of a second corpus (a QA file's "
-            "ctxs, e.g. datasets/python_reference), warmed among that corpus: documents from two corpora",
-            exists=True,
-            dir_okay=False,
-            readable=True,
-        ),
-    ] = None,
-    use_ctxs: Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")] = False,
-    seed: Annotated[int, typer.Option(help="question sample and passage order")] = 0,
-    variants: Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")] = ",".join(
-        DEFAULT_VARIANTS
+ENGINE_OPTIONS_OF_EVAL = (
+    "model",
+    "dtype",
+    "weights",
+    "device",
+    "store",
+    "repair",
+    "exactness",
+    "chunk_size",
+    "chunking",
+    "match_window",
+    "kv_quantization",
+    "draft_tokens",
+)
+
+
+@dataclass(slots=True)
+class EvalRun:
+    """What one eval answers and where it writes. The product's command sets the first fields;
+    the research knobs below them keep their defaults there (the lab's command sets them)."""
+
+    data: Path | None = None
+    limit: int = DEFAULT_LIMIT
+    k: int = 5
+    seed: int = 0
+    use_ctxs: bool = False
+    warm_neighbours: int | None = None
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    max_new_tokens: int = 32
+    out: Path = Path("eval-results")
+    wide: bool = False
+    # research: long documents, warming in parts, random or second-corpus fillers, the prompt
+    doc_passages: int = 1
+    warm_in_parts: int = 1
+    random_others: bool = False
+    others_from: Path | None = None
+    template: str | None = None
+    chat: bool = True
+    sweep_limit: int = 200
+
+
+# The product's flags, named once: the lab's `kvboost-lab eval` takes them too.
+DataFlag = Annotated[
+    Path | None,
+    typer.Option(
+        help="QA file (jsonl or json list, .gz or not); default NQ-Open", exists=True, dir_okay=False, readable=True
     ),
-    rho_sweep: Annotated[
-        str,
-        typer.Option(
-            help="repair shares to sweep for each --sweep-choices, comma list, e.g. 0.05,0.3,0.5 (none by default)"
-        ),
-    ] = "",
-    sweep_choices: Annotated[
-        str, typer.Option(help="how the swept repairs choose tokens, comma list: cacheblend (deviation), query")
-    ] = "cacheblend",
-    sweep_limit: Annotated[int, typer.Option(help="questions for the rho sweep")] = 200,
-    strategy: Annotated[
-        str | None, typer.Option(help="'default': repair strategy (none, boundary, cacheblend, query)")
-    ] = None,
-    query_layers: Annotated[
-        int | None, typer.Option(help="query repair: last layers whose attention ranks the tokens", min=1)
-    ] = None,
-    max_tokens_per_run: Annotated[
-        int | None, typer.Option(help="repair: most tokens recomputed a reused run (0: no cap)", min=0)
-    ] = None,
-    rho: Annotated[
-        float | None, typer.Option(help="'default': share of moved tokens repaired (default: the engine's)")
-    ] = None,
-    check_layer: Annotated[int | None, typer.Option(help="CacheBlend check layer")] = None,
-    deviation: Annotated[str | None, typer.Option(help="CacheBlend deviation: value or key")] = None,
-    boundary_tokens: Annotated[int | None, typer.Option(help="tokens recomputed at each run start (boundary)")] = None,
-    blend_boundary_tokens: Annotated[
-        int | None, typer.Option(help="'default': each moved run's first tokens always recomputed")
-    ] = None,
-    verify_margin: Annotated[
-        float | None, typer.Option(help="a token leading by less than this is recomputed on exact KV")
-    ] = None,
-    verify_tokens: Annotated[
-        int | None, typer.Option(help="'default': leading answer tokens checked for near-ties (0: none)")
-    ] = None,
-    refresh: Annotated[bool | None, typer.Option(help="'default': recompute the prompt after the first token")] = None,
-    settle_share: Annotated[
-        float | None,
-        typer.Option(help="'default': a near-tied first token first recomputes this share (0: the prompt)"),
-    ] = None,
-    template: Annotated[
-        str | None, typer.Option(help="user prompt with {documents} and {question}; a path or text")
-    ] = None,
-    chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = True,
-    max_new_tokens: Annotated[int, typer.Option()] = 32,
-    out: Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")] = Path("eval-results"),
-    wide: Annotated[bool, typer.Option(help="print every column, not the short table (the Markdown has both)")] = False,
+]
+LimitFlag = Annotated[
+    int,
+    typer.Option(
+        help=f"questions to answer: {DEFAULT_LIMIT} suits a CPU run (the progress bar shows the time left); "
+        "500 for EM within a few points",
+        min=1,
+    ),
+]
+KFlag = Annotated[int, typer.Option(help="passages per prompt", min=1)]
+SeedFlag = Annotated[int, typer.Option(help="question sample and passage order")]
+UseCtxsFlag = Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")]
+WarmNeighboursFlag = Annotated[
+    int | None,
+    typer.Option(
+        help="warm documents among their N nearest corpus documents (in groups of mutual neighbours), as "
+        f"`kvboost-rag warm` does; 0: alone [default: {DEFAULT_NEIGHBOURS}; 0 with --use-ctxs]",
+        min=0,
+    ),
+]
+VariantsFlag = Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")]
+MaxNewTokensFlag = Annotated[int, typer.Option(min=1)]
+OutFlag = Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")]
+WideFlag = Annotated[bool, typer.Option(help="print every column, not the short table (the Markdown has both)")]
+
+
+@app.command("eval", epilog="Variants (--variants):\n" + described())
+@table_options(*ENGINE_OPTIONS_OF_EVAL, defaults={"store": MEMORY_ONLY})
+def eval_command(
+    data: DataFlag = None,
+    limit: LimitFlag = DEFAULT_LIMIT,
+    k: KFlag = 5,
+    seed: SeedFlag = 0,
+    use_ctxs: UseCtxsFlag = False,
+    warm_neighbours: WarmNeighboursFlag = None,
+    variants: VariantsFlag = ",".join(DEFAULT_VARIANTS),
+    max_new_tokens: MaxNewTokensFlag = 32,
+    out: OutFlag = Path("eval-results"),
+    wide: WideFlag = False,
     *,
     options: dict[str, Any],
 ) -> None:
     """Every variant answers the same prompts as full prefill; the eval keeps its chunks in
     memory unless --store names a directory, so it never fills the user's store."""
+    names = [n.strip() for n in variants.split(",") if n.strip()]
+    run = EvalRun(data, limit, k, seed, use_ctxs, warm_neighbours, names, max_new_tokens, out, wide)
+    run_evaluation(run, options)
+
+
+def run_evaluation(
+    run: EvalRun,
+    options: dict[str, Any],
+    registry: Mapping[str, Builder] = VARIANTS,
+    repair_changes: Mapping[str, Any] | None = None,
+    sweep: Callable[[Baseline], list[Variant]] | None = None,
+) -> None:
+    """The eval: questions drawn, the engine built from `options`, documents retrieved and warmed,
+    every variant of `registry` that `run` names (and `sweep`'s, on the first `sweep_limit`
+    questions) answering the same prompts as full prefill; the table printed and written.
+    `repair_changes`: RepairConfig fields over the engine's repair, for every variant."""
     import random
     from dataclasses import replace
 
@@ -183,12 +181,27 @@ def eval_command(
     from ..eval.prompt import TEMPLATE
     from ..eval.report import format_table, write
     from ..eval.runner import run_eval
-    from ..eval.variants import Baseline, Variant, rho_variants
+    from ..eval.variants import Baseline
     from ..eval.variants import variants as build_variants
     from ..hf.fingerprint import weight_format
     from ..hf.loader import quiet_loading
     from ..options import build_engine
 
+    data, limit, k, seed, use_ctxs, warm_neighbours = (
+        run.data,
+        run.limit,
+        run.k,
+        run.seed,
+        run.use_ctxs,
+        run.warm_neighbours,
+    )
+    doc_passages, warm_in_parts, random_others, others_from = (
+        run.doc_passages,
+        run.warm_in_parts,
+        run.random_others,
+        run.others_from,
+    )
+    template, chat, max_new_tokens, sweep_limit = run.template, run.chat, run.max_new_tokens, run.sweep_limit
     try:
         path = data or default_nq_path()
         examples = load_qa(path)
@@ -200,39 +213,23 @@ def eval_command(
     if others_from is not None and (use_ctxs or random_others):
         raise typer.BadParameter("--others-from retrieves from two corpora: not with --use-ctxs or --random-others")
     other_corpus = _other_corpus(others_from) if others_from is not None else None
-    repair_changes: dict[str, Any] = dict(
-        strategy=strategy,
-        query_layers=query_layers,
-        rho=rho,
-        check_layer=check_layer,
-        deviation=deviation,
-        boundary_tokens=boundary_tokens,
-        blend_boundary_tokens=blend_boundary_tokens,
-    )
-    repair_changes = {k: v for k, v in repair_changes.items() if v is not None}
-    if max_tokens_per_run is not None:
-        repair_changes["max_tokens_per_run"] = max_tokens_per_run or None  # 0: no cap
-    exactness_changes: dict[str, Any] = dict(
-        verify_margin=verify_margin, verify_tokens=verify_tokens, refresh=refresh, settle_share=settle_share
-    )
-    exactness_changes = {k: v for k, v in exactness_changes.items() if v is not None}
+    changes = dict(repair_changes or {})
 
     def chosen_for(repair: RepairConfig, exactness: ExactnessConfig) -> tuple[list[Variant], list[Variant], Baseline]:
         """The variants and the sweep over the engine's settings with the command line's changes."""
         try:
-            baseline = Baseline(replace(repair, **repair_changes), replace(exactness, **exactness_changes))
-            chosen_variants = build_variants([n.strip() for n in variants.split(",") if n.strip()], baseline)
-            choices = [c.strip() for c in sweep_choices.split(",") if c.strip()]
-            sweep = rho_variants(baseline, _floats(rho_sweep), choices) if rho_sweep else []
+            baseline = Baseline(replace(repair, **changes), exactness)
+            chosen_variants = build_variants(run.variants, baseline, registry)
+            swept = sweep(baseline) if sweep is not None else []
         except ValueError as error:
             raise typer.BadParameter(str(error)) from error
-        return chosen_variants, sweep, baseline
+        return chosen_variants, swept, baseline
 
     chosen_for(RepairConfig(), ExactnessConfig())  # refused before the model loads
     _say(f"loading the model ({options.get('model') or 'the default'})")
     with quiet_loading():  # the eval's own bars only
         engine = build_engine({**options, "store": store_location(options.get("store"))})
-    chosen_variants, sweep, baseline = chosen_for(engine.config.repair, engine.config.exactness)
+    chosen_variants, swept, baseline = chosen_for(engine.config.repair, engine.config.exactness)
 
     other_index = None
     if use_ctxs:
@@ -298,7 +295,7 @@ def eval_command(
     )
     _say(
         f"{len(chosen)} questions, each warmed, then answered by {', '.join(v.name for v in chosen_variants)}"
-        + (f"; the first {settings['sweep_questions']} also by {', '.join(v.name for v in sweep)}" if sweep else "")
+        + (f"; the first {settings['sweep_questions']} also by {', '.join(v.name for v in swept)}" if swept else "")
     )
     with tqdm(total=len(chosen), desc="warming", unit="q") as bar:
         report = run_eval(
@@ -306,7 +303,7 @@ def eval_command(
             chosen,
             passages_for,
             chosen_variants,
-            sweep=sweep,
+            sweep=swept,
             sweep_questions=sweep_limit,
             seed=seed,
             template=template_text,
@@ -318,11 +315,11 @@ def eval_command(
             neighbours_for=neighbours_for,
             group_of=group_of,
         )
-    typer.echo(format_table(report, full=wide))
+    typer.echo(format_table(report, full=run.wide))
     stem = f"eval_k{k}_n{len(chosen)}" + (f"_docs{doc_passages}" if doc_passages > 1 and not use_ctxs else "")
     stem += f"_nb{warm_neighbours}" if warm_neighbours != DEFAULT_NEIGHBOURS and not use_ctxs else ""
     stem += f"_parts{warm_in_parts}" if warm_in_parts > 1 else ""
     stem += "_random" if random_others and not use_ctxs else ""
     stem += "_two_corpora" if others_from else ""
-    paths = write(report, out, stem)
+    paths = write(report, run.out, stem)
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -1,27 +1,19 @@
 """The eval's variants: a registry of names, each one way of serving the same prompts.
 
-Every prefill variant runs one technique alone (nothing recomputed after the prefill), so its
-row shows what that technique buys; `verify`, `refresh` and `exact` add a step after
-CacheBlend's prefill; `default` is the engine as its settings stand, on documents warmed as
-`kvboost-rag warm` warms them (in groups of mutual neighbours), `plain` the same on documents
-warmed alone and `nearest` on documents warmed each after its own nearest (FusionRAG's way, (N + 1)x
-the warming work); `sinks` is `default` with each moved run's first tokens always recomputed,
-`strangers-as-alone` the default with chunks warmed among documents the prompt lacks repaired as
-if warmed alone (the rule before issue 31's seventh pass); `deviation` the default choosing its
-tokens by CacheBlend's K deviation, `query` the query-guided repair as measured in issue 51.
+The product's three: `full` (full prefill, the reference), `default` (the engine as its settings
+stand, on documents warmed as `kvboost-rag warm` warms them: in groups of mutual neighbours) and
+`plain` (the same on documents warmed alone). The research variants (each technique alone, the
+repair's alternatives, the rho sweep) extend this registry in the lab (`kvboost_lab.variants`,
+`kvboost-lab eval`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..config import CHOOSING_STRATEGIES, ExactnessConfig, Mode, RepairConfig
-
-OFF = ExactnessConfig.off()
-SINK_TOKENS = 4  # where a moved run's KV is most wrong: its first tokens were a pass's attention sink
-SETTLE_SHARE = 0.5  # the `settle` variant's share, where the baseline settles no near-tie first
+from ..config import ExactnessConfig, Mode, RepairConfig
 
 # How the documents a variant reads were warmed: as the eval's corpus is (as `kvboost-rag warm`
 # warms: in groups of mutual neighbours), each alone, or each after its own nearest; each other
@@ -66,83 +58,15 @@ class Builder:
 
 VARIANTS: dict[str, Builder] = {
     "full": Builder("full prefill, the reference", lambda b: Variant("full", "full")),
-    "prefix": Builder("prefix caching: reuse up to the first difference", lambda b: Variant("prefix", "prefix")),
-    "none": Builder(
-        "reused KV, nothing recomputed", lambda b: Variant("none", "reuse", RepairConfig(strategy="none"), OFF)
-    ),
-    "boundary": Builder(
-        "recompute each moved run's first tokens (EPIC)",
-        lambda b: Variant(
-            "boundary", "reuse", RepairConfig(strategy="boundary", boundary_tokens=b.repair.boundary_tokens), OFF
-        ),
-    ),
-    "boundary32": Builder(  # EPIC's upper setting
-        "boundary with 32 tokens a run",
-        lambda b: Variant("boundary32", "reuse", RepairConfig(strategy="boundary", boundary_tokens=32), OFF),
-    ),
-    "cacheblend": Builder(
-        "CacheBlend alone: recompute the most deviating tokens",
-        lambda b: Variant("cacheblend", "reuse", b.cacheblend, OFF),
-    ),
     "default": Builder(
         "the engine as configured, documents warmed as kvboost-rag warm does (groups of neighbours)",
         lambda b: Variant("default", "reuse", b.repair, b.exactness),
-    ),
-    "deviation": Builder(
-        "the default, moved tokens chosen by CacheBlend's K deviation at its check layer",
-        lambda b: Variant("deviation", "reuse", b.cacheblend, b.exactness),
-    ),
-    "query": Builder(
-        "the query-guided repair (RepairConfig.query_guided(): the question's attention, FusionRAG)",
-        lambda b: Variant("query", "reuse", RepairConfig.query_guided(), b.exactness),
     ),
     "plain": Builder(
         "the engine as configured, documents warmed alone",
         lambda b: Variant("plain", "reuse", b.repair, b.exactness, warming="alone"),
     ),
-    "nearest": Builder(
-        "the engine as configured, documents warmed each after its own nearest",
-        lambda b: Variant("nearest", "reuse", b.repair, b.exactness, warming="nearest"),
-    ),
-    "sinks": Builder(
-        "the default, each moved run's first 4 tokens always recomputed (EPIC's sinks)",
-        lambda b: Variant("sinks", "reuse", replace(b.repair, blend_boundary_tokens=SINK_TOKENS), b.exactness),
-    ),
-    "strangers-as-alone": Builder(
-        "the default, chunks warmed among documents the prompt lacks repaired as if warmed alone",
-        lambda b: Variant("strangers-as-alone", "reuse", replace(b.repair, rho_among_strangers=None), b.exactness),
-    ),
-    "settle": Builder(
-        "the default, a near-tied first token settled by a larger share before the whole prompt",
-        lambda b: Variant(
-            "settle", "reuse", b.repair, replace(b.exactness, settle_share=b.exactness.settle_share or SETTLE_SHARE)
-        ),
-    ),
-    "whole-prompt-ties": Builder(
-        "the default, a near-tied first token settled by recomputing the whole prompt at once",
-        lambda b: Variant("whole-prompt-ties", "reuse", b.repair, replace(b.exactness, settle_share=0.0)),
-    ),
-    # what can follow CacheBlend's prefill: near-ties of every token verified, the prompt
-    # refreshed after the first token, and both (the opt-in exact answer)
-    "verify": Builder(
-        "CacheBlend, near-tied tokens verified on exact KV",
-        lambda b: Variant("verify", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=None)),
-    ),
-    "refresh": Builder(
-        "CacheBlend, prompt recomputed after the first token",
-        lambda b: Variant("refresh", "reuse", b.cacheblend, ExactnessConfig(verify_margin=0.0, refresh=True)),
-    ),
-    "exact": Builder(
-        "CacheBlend, verify and refresh: full prefill's answer",
-        lambda b: Variant("exact", "reuse", b.cacheblend, replace(_verifying(b), verify_tokens=1, refresh=True)),
-    ),
 }
-
-
-def _verifying(baseline: Baseline) -> ExactnessConfig:
-    """The baseline's exactness with verification on (at the default margin where it is off)."""
-    margin = baseline.exactness.verify_margin or ExactnessConfig().verify_margin
-    return replace(baseline.exactness, verify_margin=margin, refresh=False)
 
 
 # What a user decides between (reuse as configured, with and without neighbours, against full
@@ -150,33 +74,16 @@ def _verifying(baseline: Baseline) -> ExactnessConfig:
 DEFAULT_VARIANTS = ("full", "default", "plain")
 
 
-def described() -> str:
+def described(registry: Mapping[str, Builder] = VARIANTS) -> str:
     """Every variant's name and description, a line each, for `--help`."""
-    width = max(map(len, VARIANTS))
-    return "\n".join(f"{name:<{width}}  {builder.about}" for name, builder in VARIANTS.items())
+    width = max(map(len, registry))
+    return "\n".join(f"{name:<{width}}  {builder.about}" for name, builder in registry.items())
 
 
-def variants(names: Iterable[str], baseline: Baseline) -> list[Variant]:
+def variants(names: Iterable[str], baseline: Baseline, registry: Mapping[str, Builder] = VARIANTS) -> list[Variant]:
     """`full` first (every other is measured against it), then the named ones in order."""
     names = [n for n in dict.fromkeys(names) if n != "full"]
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ValueError(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
-    return [VARIANTS[name](baseline) for name in ["full", *names]]
-
-
-SWEPT_CHOICES = CHOOSING_STRATEGIES  # how a swept repair picks its tokens: deviation, the question's attention
-
-
-def rho_variants(baseline: Baseline, rhos: Iterable[float], choices: Iterable[str] = ("cacheblend",)) -> list[Variant]:
-    """Each choice alone (nothing verified after the prefill) at each share, one share for every
-    chunk however it was warmed: `<choice>@<rho>`, the frontier's lines."""
-    unknown = [c for c in choices if c not in SWEPT_CHOICES]
-    if unknown:
-        raise ValueError(f"unknown repair choices {unknown}; choose from {list(SWEPT_CHOICES)}")
-    flat = dict(rho_after_neighbours=None, rho_among_strangers=None)
-    return [
-        Variant(f"{choice}@{rho:g}", "reuse", replace(baseline.repair, strategy=choice, rho=rho, **flat), OFF)  # type: ignore[arg-type]
-        for choice in choices
-        for rho in rhos
-    ]
+        raise ValueError(f"unknown variants {unknown}; choose from {sorted(registry)}")
+    return [registry[name](baseline) for name in ["full", *names]]
