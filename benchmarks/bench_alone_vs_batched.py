@@ -3,8 +3,9 @@
 The default engine (its dtype and int4 weights on this host), NQ questions with their top-k FAISS
 documents warmed first (so prompts reuse them, as a RAG server's do), greedy answers of exactly
 --max-new-tokens (`ignore_eos`). Each prompt is answered alone, one after another; then all at
-once through `generate_batch(max_running=...)`. Reports how many answers are equal whole, where
-the first differing token sits, and both wall times (tokens/s of the batch against one at a time).
+once through `generate_batch` on an engine of --max-running. Reports how many answers are equal
+whole, where the first differing token sits, both wall times (tokens/s of the batch against one at
+a time), and what drafts gave the answers alone (--draft-tokens): tokens taken a forward pass.
 Run it under `make test-as-avx2`'s environment variables for the other host kind.
 
 JSON: benchmarks/results/bench_alone_vs_batched.json (or --out).
@@ -18,8 +19,10 @@ from kvboost_lab import harness
 def main() -> None:
     p = harness.parser(__doc__, questions=24, k=5, seed=2, out="bench_alone_vs_batched.json", max_new_tokens=64)
     p.add_argument("--max-running", type=int, default=8, help="requests decoding together")
+    p.add_argument("--draft-tokens", type=int, default=None, help="tokens drafted a pass (default: the engine's)")
     args = harness.parse(p)
-    engine = harness.load_engine(args, max_running=args.max_running)
+    drafts = {} if args.draft_tokens is None else {"draft_tokens": args.draft_tokens}
+    engine = harness.load_engine(args, max_running=args.max_running, **drafts)
     nq = harness.draw_nq(args.questions, args.k, args.seed)
     harness.warm(engine, nq)
     prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
@@ -43,6 +46,12 @@ def main() -> None:
         "together_s": together_s,
         "alone_tokens_per_s": sum(r.new_tokens for r in alone) / alone_s,
         "together_tokens_per_s": tokens / together_s,
+        "draft_tokens": engine.config.draft_tokens,
+        "alone_drafted_tokens": sum(r.drafted_tokens for r in alone),
+        "alone_accepted_tokens": sum(r.accepted_tokens for r in alone),
+        # tokens an answer alone took a forward pass (each accepted drafted token is a pass saved)
+        "alone_tokens_per_pass": sum(r.new_tokens for r in alone)
+        / max(1, sum(r.new_tokens - r.accepted_tokens for r in alone)),
     }
     print(
         f"{equal} of {len(prompts)} answers equal alone and {args.max_running} at a time; "

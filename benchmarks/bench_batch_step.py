@@ -4,7 +4,9 @@ Each row's cache is a full prefill of its own NQ text of --length tokens; then, 
 the median over --steps of one step each in turn (each row alone in a buffer of its own, as a
 lone request steps) against one step of all rows (`step_logits` over one `BatchKV` the rows
 joined), and the largest logit difference between a row's batched and lone logits at the first
-step (0: the step's numerics do not depend on the rows beside it, `hf.step`).
+step (0: the step's numerics do not depend on the rows beside it, `hf.step`). Then the same step
+with every row verifying a draft of --draft-tokens (a row of 1 + d tokens): a draft pays only where
+a row takes more tokens a pass, on average, than that pass costs in one-token steps (its ratio).
 
 JSON: benchmarks/results/bench_batch_step.json (or --out).
 """
@@ -40,6 +42,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--length", type=int, default=512, help="prompt tokens of every row")
     p.add_argument("--steps", type=int, default=30, help="steps timed per row count (after two untimed)")
+    p.add_argument("--draft-tokens", type=int, nargs="+", default=[1, 3], help="draft lengths verified a row")
     args = harness.parse(p)
     engine = harness.load_engine(args)
     model, tokenizer = engine.model, engine.tokenizer
@@ -85,6 +88,17 @@ def main() -> None:
             if index == 0:
                 first_batched = out
         assert first_batched is not None
+        drafted = {}
+        for draft in args.draft_tokens:  # rows of 1 + draft tokens, dropped again: the same length each pass
+            times = []
+            for index in range(args.steps + 2):
+                started = time.perf_counter()
+                position = torch.arange(draft + 1).view(1, -1) + args.length + args.steps + 2
+                step_logits(step, torch.tensor(tokens).view(rows, 1).repeat(1, draft + 1), position.repeat(rows, 1), kv)
+                times.append(time.perf_counter() - started)
+                for row in range(rows):
+                    kv.drop_last(row, draft + 1)
+            drafted[str(draft)] = statistics.median(times[2:]) * 1000
         difference = max(float((first_batched[r] - first_sequential[r]).abs().max()) for r in range(rows))
         one_each, together = statistics.median(sequential[2:]), statistics.median(batched[2:])
         results.append(
@@ -94,11 +108,15 @@ def main() -> None:
                 "batched_step_ms": together * 1000,
                 "speedup": one_each / together,
                 "max_logit_difference": difference,
+                "draft_step_ms": drafted,  # by draft length
+                # tokens a row must take a pass for that draft to pay: the pass in one-token steps
+                "draft_break_even": {d: ms / (together * 1000) for d, ms in drafted.items()},
             }
         )
         print(
             f"{rows} rows: one each {one_each * 1000:.1f} ms, batched {together * 1000:.1f} ms "
-            f"({one_each / together:.2f}x), max logit difference {difference:.3g}"
+            f"({one_each / together:.2f}x), max logit difference {difference:.3g}; with drafts "
+            + ", ".join(f"{d}: {ms:.1f} ms" for d, ms in drafted.items())
         )
     report = {
         "prompt_tokens": args.length,

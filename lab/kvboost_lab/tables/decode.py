@@ -151,9 +151,18 @@ def batch_step(data: dict[str, Any]) -> str:
         ("speedup", get("speedup"), "{:.2f}x"),
         ("largest logit difference", get("max_logit_difference"), "{:.3g}"),
     ]
+    drafts = sorted(data["rows"][0].get("draft_step_ms", {}), key=int)
+    for draft in drafts:  # a step whose rows each verify a draft (recorded since issue 53)
+        columns.append((f"rows of 1 + {draft} drafted", lambda r, d=draft: r["draft_step_ms"][d], "{:.1f} ms"))
+        columns.append((f"{draft} drafted pays from", lambda r, d=draft: r["draft_break_even"][d], "{:.2f} tokens"))
     notes = (
         f"Every row {data['prompt_tokens']:,} prompt tokens, {data['weights']} weights, {data['dtype']}, "
         f"{data['threads']} threads."
+        + (
+            " A draft pays where a row takes more tokens a pass than the pass costs in one-token steps."
+            if drafts
+            else ""
+        )
     )
     return notes + "\n\n" + columns_table(columns, data["rows"])
 
@@ -167,6 +176,12 @@ def alone_vs_batched(data: dict[str, Any]) -> str:
         f"**{data['equal_answers']} of {data['prompts']}** answers equal alone and {data['max_running']} at a "
         f"time{where}. {data['alone_tokens_per_s']:.1f} tokens/s one at a time, "
         f"{data['together_tokens_per_s']:.1f} together."
+        + (
+            f" Alone, drafts of {data['draft_tokens']} tokens: {data['alone_accepted_tokens']} of "
+            f"{data['alone_drafted_tokens']} drafted tokens taken, {data['alone_tokens_per_pass']:.2f} tokens a pass."
+            if "alone_tokens_per_pass" in data
+            else ""
+        )
     )
 
 
