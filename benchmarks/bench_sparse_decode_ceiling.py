@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from bench_decode import prompt_of_length
@@ -23,9 +24,9 @@ from bench_decode import prompt_of_length
 from kvboost_lab import harness
 from kvboost_rag import SparseDecodeConfig
 from kvboost_rag.eval.data import load_qa
-from kvboost_rag.hf.cache import decode_kv_for, forward_last_logits, make_cache
+from kvboost_rag.hf.cache import decode_kv_of, forward_last_logits, make_cache
 from kvboost_rag.ops.attention import single_query_attention
-from kvboost_rag.ops.sparse_decode import ACTIVE_SPARSE_DECODE, SparseDecode, SparseDecodeStats
+from kvboost_rag.ops.sparse_decode import SparseDecode, SparseDecodeStats
 
 
 class Window:
@@ -33,12 +34,13 @@ class Window:
 
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
+        self.cache: Any = None  # the pass's cache, for the float copies a dense step reads
 
     def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
         if not self.tokens:
             return query.new_zeros(1, 1, query.shape[1], query.shape[3])
         window = slice(keys.shape[2] - self.tokens, keys.shape[2])
-        decode_kv = decode_kv_for(layer, keys)  # the values a dense step reads, so the window rounds alike
+        decode_kv = decode_kv_of(self.cache, layer, keys)  # the values a dense step reads: the window rounds alike
         float_window = None if decode_kv is None else (decode_kv[0][:, :, window], decode_kv[1][:, :, window])
         return single_query_attention(query, keys[:, :, window], values[:, :, window], scale, float_window)
 
@@ -73,21 +75,19 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode, make in modes.items():
                 attention, cache, token = make(), make_cache(keys, values), int(logits.argmax())
-                active = ACTIVE_SPARSE_DECODE.set(attention)  # type: ignore[arg-type]
-                try:
-                    for i in range(args.steps):
-                        started = time.perf_counter()
-                        step_logits = forward_last_logits(
-                            engine.model, torch.tensor([token]), torch.tensor([len(tokens) + i]), cache
-                        )
-                        if i >= 2:
-                            steps[mode].append(time.perf_counter() - started)
-                        elif i == 1 and isinstance(attention, SparseDecode):
-                            # the timed steps only (the first computes every page summary)
-                            attention.stats = SparseDecodeStats()
-                        token = int(step_logits.argmax())
-                finally:
-                    ACTIVE_SPARSE_DECODE.reset(active)
+                if isinstance(attention, Window):
+                    attention.cache = cache
+                for i in range(args.steps):
+                    started = time.perf_counter()
+                    step_logits = forward_last_logits(
+                        engine.model, torch.tensor([token]), torch.tensor([len(tokens) + i]), cache, sparse=attention
+                    )
+                    if i >= 2:
+                        steps[mode].append(time.perf_counter() - started)
+                    elif i == 1 and isinstance(attention, SparseDecode):
+                        # the timed steps only (the first computes every page summary)
+                        attention.stats = SparseDecodeStats()
+                    token = int(step_logits.argmax())
                 if isinstance(attention, SparseDecode):
                     s, timed = attention.stats, args.steps - 2
                     stats[mode].append((s.select_s / timed, s.attend_s / timed, s.corrected_share))

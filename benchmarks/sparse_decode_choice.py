@@ -25,7 +25,7 @@ from kvboost_lab import harness
 from kvboost_rag import SparseDecodeConfig
 from kvboost_rag.hf.cache import forward_last_logits, make_cache
 from kvboost_rag.ops.page_selection import attend_selected, select_pages
-from kvboost_rag.ops.sparse_decode import ACTIVE_SPARSE_DECODE, SparseDecode
+from kvboost_rag.ops.sparse_decode import SparseDecode
 
 
 class PageChoice:
@@ -106,18 +106,19 @@ def main() -> None:
                 engine.model, torch.tensor([answer[-1]]), torch.tensor([len(tokens) + step]), cache
             )
         for spec in args.attentions:
-            cache, active = make_cache(keys, values), ACTIVE_SPARSE_DECODE.set(attention_for(spec))
+            cache, attention = make_cache(keys, values), attention_for(spec)
             agree, kl = [], []
-            try:
-                for step in range(args.max_new_tokens - 1):  # the first token is the prefill's
-                    logits = forward_last_logits(
-                        engine.model, torch.tensor([answer[step]]), torch.tensor([len(tokens) + step]), cache
-                    )
-                    agree.append(float(int(logits.argmax()) == answer[step + 1]))
-                    ours = logits.log_softmax(-1)
-                    kl.append(float((reference[step + 1].exp() * (reference[step + 1] - ours)).sum()))
-            finally:
-                ACTIVE_SPARSE_DECODE.reset(active)
+            for step in range(args.max_new_tokens - 1):  # the first token is the prefill's
+                logits = forward_last_logits(
+                    engine.model,
+                    torch.tensor([answer[step]]),
+                    torch.tensor([len(tokens) + step]),
+                    cache,
+                    sparse=attention,
+                )
+                agree.append(float(int(logits.argmax()) == answer[step + 1]))
+                ours = logits.log_softmax(-1)
+                kl.append(float((reference[step + 1].exp() * (reference[step + 1] - ours)).sum()))
             results[spec].append(
                 {"equal": float(all(agree)), "agreement": statistics.fmean(agree), "kl": statistics.fmean(kl)}
             )

@@ -9,7 +9,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvboost_rag.hf.attention import few_queries_attention
-from kvboost_rag.hf.cache import decode_kv_for, make_cache, running_over
+from kvboost_rag.hf.cache import decode_kv_of, make_cache
+from kvboost_rag.hf.pass_hooks import PassHooks
 from kvboost_rag.ops.attention import (
     blockwise_grouped_attention,
     causal_blocks,
@@ -106,8 +107,8 @@ def test_a_bfloat16_decode_step_reads_the_caches_float_copies(monkeypatch: pytes
     its keys and values, kept up to date token by token, and attends exactly as over converted ones."""
     read: list[bool] = []
 
-    def recording(layer_idx: int | None, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        found = decode_kv_for(layer_idx, key)
+    def recording(of: object, layer_idx: int | None, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        found = decode_kv_of(of, layer_idx, key)  # type: ignore[arg-type]
         values = cache.layers[1].values
         read.append(
             found is not None
@@ -117,7 +118,7 @@ def test_a_bfloat16_decode_step_reads_the_caches_float_copies(monkeypatch: pytes
         )
         return found
 
-    monkeypatch.setattr("kvboost_rag.hf.attention.decode_kv_for", recording)
+    monkeypatch.setattr("kvboost_rag.hf.attention.decode_kv_of", recording)
     torch.manual_seed(2)
     keys, values = torch.randn(2, 3, 40, 64).bfloat16(), torch.randn(2, 3, 40, 64).bfloat16()
     cache = make_cache(keys, values)
@@ -127,16 +128,17 @@ def test_a_bfloat16_decode_step_reads_the_caches_float_copies(monkeypatch: pytes
     for step in range(300):  # past the buffer's headroom: it grows, and the copies are made again
         new_key, new_value = torch.randn(1, 3, 1, 64).bfloat16(), torch.randn(1, 3, 1, 64).bfloat16()
         key, value = cache.update(new_key, new_value, 1)
-        with running_over(cache):
-            ours, _ = few_queries_attention(module, query, key, value, None, scaling=0.125)
-            assert decode_kv_for(0, key) is None, "another layer's keys are not this tensor"
+        hooks = PassHooks(cache=cache).keywords()  # a pass over this cache hands it to the attention
+        ours, _ = few_queries_attention(module, query, key, value, None, scaling=0.125, **hooks)
+        assert decode_kv_of(cache, 0, key) is None, "another layer's keys are not this tensor"
         if step % 50 == 0 or step == 299:
             float_keys, float_values = layer.decode_kv()
             assert torch.equal(float_keys, key.float()) and torch.equal(float_values, value.float())
             reference = single_query_attention(query.float(), key.float(), value.float(), 0.125).bfloat16()
             assert torch.equal(ours, reference), "the same numbers as attention over converted K/V"
     assert read == [True] * 300, "every step read the layer's copies, equal to its keys and values"
-    assert decode_kv_for(1, key) is None, "outside a forward pass nothing is read"
+    assert decode_kv_of(None, 1, key) is None, "a pass that names no cache reads no copies"
+    assert few_queries_attention(module, query, key, value, None, scaling=0.125)[0] is not None
     layer.crop(-10)
     float_keys, float_values = layer.decode_kv()
     assert torch.equal(float_keys, layer.keys.float()) and float_keys.shape[2] == 330
@@ -194,3 +196,56 @@ def test_blockwise_attention_skips_only_the_keys_the_mask_drops() -> None:
     assert [end for _, _, end in blocks] == [int(query_positions[b - 1]) + 1 for _, b, _ in blocks]
     ours = blockwise_grouped_attention(query, key, value, mask, 0.25, query_positions, rows_per_block=16)
     torch.testing.assert_close(ours, grouped_attention(query, key, value, mask, 0.25), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_pass_hands_its_hooks_to_the_attention_through_the_models_forward(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread or context state: a decode step names its cache and a CacheBlend pass its blend,
+    and every layer's attention call of a real forward receives them (`hf.pass_hooks`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import kvboost_rag.hf.attention as attention
+    from kvboost_rag.hf.attention import use_reuse_attention
+    from kvboost_rag.hf.blend import SelectiveCache, selective_forward
+    from kvboost_rag.hf.cache import forward_last_logits
+
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(torch.bfloat16).eval()
+    use_reuse_attention(model)
+    seen: list[PassHooks] = []
+    attend = attention.few_queries_attention
+
+    def recording(*args: object, **kwargs: object) -> object:
+        hooks = kwargs.get(attention.HOOKS_KEYWORD)
+        if isinstance(hooks, PassHooks):
+            seen.append(hooks)
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "few_queries_attention", recording)
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(attention.REUSE_ATTENTION, recording)
+    try:
+        cache = make_cache()
+        forward_last_logits(model, torch.arange(10), torch.arange(10), cache)
+        forward_last_logits(model, torch.tensor([3]), torch.tensor([10]), cache)  # a decode step
+        assert len(seen) == 6 and all(hooks.cache is cache for hooks in seen), "every layer, both passes"
+        seen.clear()
+        keys, values = torch.zeros(3, 2, 12, 16, dtype=torch.bfloat16), torch.zeros(3, 2, 12, 16, dtype=torch.bfloat16)
+        blend = SelectiveCache(keys, values, 1, lambda layer, k, v: torch.tensor([4, 11]))
+        selective_forward(model, torch.arange(12), blend)
+        assert [hooks.blend is blend for hooks in seen].count(True) >= 3, "each layer of the blend pass"
+    finally:
+        AttentionInterface.register(attention.REUSE_ATTENTION, attend)

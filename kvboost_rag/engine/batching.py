@@ -214,7 +214,7 @@ class StepBatcher:
         self.leave(request)
         position = torch.tensor([request.next_position - 1], device=self.device)
         token_ids = torch.tensor([request.generated[-1]], device=self.device)
-        return forward_last_logits(self.model, token_ids, position, request.cache)
+        return forward_last_logits(self.model, token_ids, position, request.cache, sparse=request.sparse_decode)
 
     def drop_last(self, request: Request, count: int) -> None:
         """Forget the request's last `count` tokens' K/V (a draft it did not take), in its row or its cache."""

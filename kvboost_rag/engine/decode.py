@@ -23,7 +23,6 @@ from ..config import DEFAULT_MAX_RUNNING
 from ..hf.cache import forward_last_logits, make_cache
 from ..hf.step import decode_step_logits, step_for
 from ..ops.logits import top_margin
-from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
 from .batching import STEP, StepBatcher
 from .compute import Compute
 from .detokenize import Detokenizer
@@ -183,11 +182,7 @@ class Decoder:
         none where a verified draft holds the logits already; here, through the model's forward,
         while decode-time KV retrieval runs."""
         if request.sparse_decode is not None:
-            retrieving = ACTIVE_SPARSE_DECODE.set(request.sparse_decode)  # None: dense attention
-            try:
-                request.logits = self.compute.run(self.batcher.step_alone, request)
-            finally:
-                ACTIVE_SPARSE_DECODE.reset(retrieving)
+            request.logits = self.compute.run(self.batcher.step_alone, request)
             return
         if self.take_drafted(request):
             return

@@ -23,10 +23,9 @@ from ..ops.attention import (
     single_query_attention,
     single_query_on_matmuls,
 )
-from ..ops.attention_received import AttentionReceived
-from ..ops.sparse_decode import ACTIVE_SPARSE_DECODE
-from .blend import ACTIVE_BLEND, SelectiveCache
-from .cache import SCORES_KEYWORD, decode_kv_for
+from .blend import SelectiveCache
+from .cache import decode_kv_of
+from .pass_hooks import HOOKS_KEYWORD, NO_HOOKS, PassHooks
 
 REUSE_ATTENTION = "kvboost_sdpa"
 
@@ -41,13 +40,14 @@ def few_queries_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention signature: grouped attention where it pays, sdpa elsewhere; the
-    attention a scored pass's last queries pay each key is recorded on the way (`SCORES_KEYWORD`)."""
-    scores: AttentionReceived | None = kwargs.pop(SCORES_KEYWORD, None)
-    if scores is not None:
+    """transformers' attention signature: grouped attention where it pays, sdpa elsewhere, steered
+    by the pass's hooks (`pass_hooks`); the attention a scored pass's last queries pay each key is
+    recorded on the way."""
+    hooks: PassHooks = kwargs.pop(HOOKS_KEYWORD, None) or NO_HOOKS
+    if hooks.scores is not None:
         scaled = scaling if scaling is not None else query.shape[-1] ** -0.5
-        scores.observe(getattr(module, "layer_idx", None), query, key, attention_mask, scaled)
-    blend = ACTIVE_BLEND.get()
+        hooks.scores.observe(getattr(module, "layer_idx", None), query, key, attention_mask, scaled)
+    blend = hooks.blend
     if blend is not None and blend.narrows(module, query):
         return _attend_selected(blend, module, query, key, value, dropout, scaling, **kwargs)
     heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
@@ -63,7 +63,7 @@ def few_queries_attention(
     ):  # CacheBlend's selected queries, by position, over K/V in position order
         assert blend.selected is not None  # set with selected_mask
         return blockwise_grouped_attention(query, key, value, attention_mask, scale, blend.selected), None
-    sparse = ACTIVE_SPARSE_DECODE.get()
+    sparse = hooks.sparse
     if sparse is not None and not dropout and kwargs.get("softcap") is None and kwargs.get("sliding_window") is None:
         selected = sparse.attend(module.layer_idx, query, key, value, scale)
         if selected is not None:
@@ -77,7 +77,7 @@ def few_queries_attention(
         and not heads % kv_heads
         and all(kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
     ):  # a decode step over the whole cache
-        decode_kv = decode_kv_for(getattr(module, "layer_idx", None), key)
+        decode_kv = decode_kv_of(hooks.cache, getattr(module, "layer_idx", None), key)
         return single_query_attention(query, key, value, scale, decode_kv), None
     if (
         attention_mask is None
@@ -104,7 +104,13 @@ def _attend_selected(
     next layer drops those tokens."""
     assert blend.selected is not None and blend.selected_mask is not None
     selected, _ = few_queries_attention(  # no longer every token: it does not narrow again
-        module, query.index_select(2, blend.selected), key, value, blend.selected_mask, *args, **kwargs
+        module,
+        query.index_select(2, blend.selected),
+        key,
+        value,
+        blend.selected_mask,
+        *args,
+        **kwargs | PassHooks(blend=blend).keywords(),  # the blockwise path below reads the blend
     )
     out = selected.new_zeros(query.shape[0], query.shape[2], *selected.shape[2:])
     return out.index_copy_(1, blend.selected, selected), None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -17,10 +16,9 @@ from transformers import DynamicCache
 from ..ops.attention import position_mask
 from .cache import cache_argument
 from .model import decoder_layers
+from .pass_hooks import PassHooks
 
 Selector = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
-# The CacheBlend pass running in this thread, for the attention path's check-layer narrowing.
-ACTIVE_BLEND: ContextVar[SelectiveCache | None] = ContextVar("kvboost_active_blend", default=None)
 
 
 class SelectiveCache(DynamicCache):
@@ -104,17 +102,16 @@ def selective_forward(model: Any, input_ids: torch.Tensor, cache: SelectiveCache
     handles = [layer.register_forward_pre_hook(narrow, with_kwargs=True) for layer in layers[cache.check_layer + 1 :]]
     if cache.narrow_check_layer:
         handles += _feed_forward_on_selected(layers[cache.check_layer], cache, n)
-    active = ACTIVE_BLEND.set(cache)
     try:
         out = model(
             input_ids=input_ids.view(1, -1),
             position_ids=positions.view(1, -1),
             use_cache=True,
             **cache_argument(model, cache),
+            **PassHooks(blend=cache).keywords(),  # the check layer attends for the selected tokens only
             logits_to_keep=1,
         )
     finally:
-        ACTIVE_BLEND.reset(active)
         for handle in handles:
             handle.remove()
     return out.logits[0, -1].float()

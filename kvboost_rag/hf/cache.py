@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -19,11 +16,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..ops.attention_received import AttentionReceived
+from .pass_hooks import PageAttention, PassHooks
 
 HEADROOM_TOKENS = 256  # room a layer's buffer keeps past what it holds: a short answer never regrows it
 # The forward keyword that hands an `AttentionReceived` to every layer's attention (transformers
 # passes a model's extra keywords down to its attention function): the query-guided repair's pass.
-SCORES_KEYWORD = "kvboost_scores"
 FLOAT_VALUES_BELOW_TOKENS = 2048  # a decode step reads fp32 values below, the bf16 buffer above (`decode_kv`)
 
 
@@ -132,27 +129,15 @@ class GrowingLayer(DynamicLayer):
         return keys, values
 
 
-# The cache of the forward pass this thread runs, for the attention path's float32 copies (`decode_kv`).
-ACTIVE_CACHE: ContextVar[DynamicCache | None] = ContextVar("kvboost_active_cache", default=None)
-
-
-def decode_kv_for(layer_idx: int | None, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`GrowingLayer.decode_kv` of that layer of the running forward pass's cache where `keys`
-    are its whole keys (the tensor its update returned), else None."""
-    cache = ACTIVE_CACHE.get()
+def decode_kv_of(
+    cache: DynamicCache | None, layer_idx: int | None, keys: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`GrowingLayer.decode_kv` of that layer of a pass's cache where `keys` are its whole keys
+    (the tensor its update returned), else None."""
     if cache is None or layer_idx is None or layer_idx >= len(cache.layers):
         return None
     layer = cache.layers[layer_idx]
     return layer.decode_kv() if isinstance(layer, GrowingLayer) and layer.keys is keys else None
-
-
-@contextmanager
-def running_over(cache: DynamicCache) -> Iterator[None]:
-    active = ACTIVE_CACHE.set(cache)
-    try:
-        yield
-    finally:
-        ACTIVE_CACHE.reset(active)
 
 
 def make_cache(keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> DynamicCache:
@@ -217,19 +202,20 @@ def forward_last_logits(
     cache: DynamicCache,
     attention_mask: torch.Tensor | None = None,
     scores: AttentionReceived | None = None,
+    sparse: PageAttention | None = None,
 ) -> torch.Tensor:
     """Run tokens [q] at `position_ids` [q] over `cache` (which grows); logits of the last, fp32.
-    `scores` records the attention the last queries pay each key (the engine's attention only:
-    `hf.attention`; a model on another implementation leaves it empty)."""
-    extra = {} if scores is None else {SCORES_KEYWORD: scores}
-    with running_over(cache):
-        out = model(
-            input_ids=input_ids.view(1, -1),
-            position_ids=position_ids.view(1, -1),
-            attention_mask=attention_mask,
-            **cache_argument(model, cache),
-            **extra,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+    `scores` records the attention the last queries pay each key; `sparse` attends a decode step
+    to selected pages (the engine's attention only, `hf.attention`: a model on another
+    implementation leaves scores empty and attends densely)."""
+    hooks = PassHooks(cache=cache, sparse=sparse, scores=scores)
+    out = model(
+        input_ids=input_ids.view(1, -1),
+        position_ids=position_ids.view(1, -1),
+        attention_mask=attention_mask,
+        **cache_argument(model, cache),
+        **hooks.keywords(),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     return out.logits[0, -1].float()

@@ -13,7 +13,6 @@ first layer, instead of ~10 small operators in each of the 30 layers.
 from __future__ import annotations
 
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -144,7 +143,3 @@ def _group_similarity(current: torch.Tensor, previous: torch.Tensor, kv_heads: i
     """Mean cosine similarity of each KV head's query group between two steps: [kv_heads]."""
     similarity = torch.nn.functional.cosine_similarity(current.float(), previous.float(), dim=-1)
     return similarity.view(kv_heads, -1).mean(dim=1)
-
-
-# The sparse decode of the decode step this thread runs, for the attention function.
-ACTIVE_SPARSE_DECODE: ContextVar[SparseDecode | None] = ContextVar("kvboost_active_sparse_decode", default=None)
