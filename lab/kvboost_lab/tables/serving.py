@@ -47,6 +47,11 @@ def serving(data: dict[str, Any]) -> str:
         f"from 8 clients, {load.get('hung_up')} hung up after two chunks: {load.get('errors')} errors, "
         f"{load.get('truncated')} truncated, {load.get('running_after'):.0f} running and "
         f"{load.get('waiting_after'):.0f} waiting after. Text before parting: the share of an answer's text "
-        f"before it parts from the one-client answer (a batched row rounds its attention in bf16)."
+        f"before it parts from the one-client answer"
+        + (
+            "."
+            if all(row.get("same_answer") == 1 for row in data["ours"].values())
+            else " (a batched row rounded its attention apart from a lone step before issue 53)."
+        )
     )
     return notes + "\n\n" + columns_table(columns, rows)
