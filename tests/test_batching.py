@@ -151,7 +151,7 @@ def test_steps_over_the_whole_buffer_answer_as_over_the_longest_row(engine: KVBo
             last = torch.tensor([[t[-1]] for t in tokens])
             positions = torch.tensor(kv.lengths).view(-1, 1)
             if whole is None:
-                logits = graphed(last, positions, kv)[:, 0]
+                logits = step_logits(step, last, positions, kv, whole=True, forward=graphed)[:, 0]
             else:
                 logits = step_logits(step, last, positions, kv, whole=whole)[:, 0]
             rows.append(logits)

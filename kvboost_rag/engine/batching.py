@@ -248,10 +248,7 @@ class StepBatcher:
         count = token_ids.shape[1]
         first = torch.tensor([request.next_position - 1 for request in by_row], device=self.device)
         positions = first.view(-1, 1) + torch.arange(count, device=self.device).view(1, -1)
-        if graphed is not None:
-            logits = graphed(token_ids, positions, self._kv)
-        else:
-            logits = step_logits(step, token_ids, positions, self._kv)
+        logits = step_logits(step, token_ids, positions, self._kv, whole=graphed is not None, forward=graphed)
         for row, request in enumerate(by_row):
             request.step_logits = logits[row]
 

@@ -2,7 +2,7 @@
 
 On a GPU a small model's step is bound by kernel launches, not by the GPU: a graph records the
 step's kernels once and replays them with one call. A graph keeps shapes and addresses, so the
-graphed step attends over the buffer's whole capacity (`step_logits(whole=True)`: the
+graphed step attends over the buffer's whole capacity (`step_logits(whole=True, forward=graphed)`: the
 slots past each row's length masked, as the eager step masks past the longest row) and reads
 its tokens, positions and slots from tensors it owns, copied in before each replay. One graph a
 row count over one buffer: when the buffer is remade (it grows by a quarter) they are dropped.
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .batch_kv import BatchKV
-from .step import DecodeStep, step_logits
+from .step import DecodeStep
 
 log = logging.getLogger(__name__)
 
@@ -54,25 +54,23 @@ class GraphedSteps:
         self._pool: Any = None
 
     @torch.inference_mode()
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv: BatchKV) -> torch.Tensor:
-        """`step_logits(step, tokens, positions, kv, whole=True)`, replayed where it can be."""
+    def __call__(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: BatchKV, width: int
+    ) -> torch.Tensor:
+        """`DecodeStep.forward` over the buffer's whole capacity (`width`), replayed where it can
+        be: what `step_logits(..., whole=True, forward=graphed)` runs."""
         if not self.enabled:
-            return step_logits(self.step, tokens, positions, kv, whole=True)
-        slots = kv.reserve_step()
+            return self.step.forward(tokens, positions, slots, kv, width)
         if kv.keys is not self._buffer:  # remade: the graphs read the old one
             self._graphs, self._buffer = {}, kv.keys
-        rows = tokens.shape[0]
-        captured = self._graphs.get(rows)
+        captured = self._graphs.get(tokens.shape[0])
         if captured is None:
-            logits = self._capture_checked(tokens, positions, slots, kv)
-        else:
-            captured.tokens.copy_(tokens)
-            captured.positions.copy_(positions)
-            captured.slots.copy_(slots)
-            captured.graph.replay()
-            logits = captured.logits.clone()
-        kv.advance()
-        return logits
+            return self._capture_checked(tokens, positions, slots, kv)
+        captured.tokens.copy_(tokens)
+        captured.positions.copy_(positions)
+        captured.slots.copy_(slots)
+        captured.graph.replay()
+        return captured.logits.clone()
 
     def _capture_checked(
         self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: BatchKV

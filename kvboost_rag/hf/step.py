@@ -184,16 +184,26 @@ class DecodeStep:
         return self._rows_exact[count]
 
 
+# `DecodeStep.forward`'s signature: (tokens, positions, starts, kv, width) -> logits
+StepForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, BatchKV, int], torch.Tensor]
+
+
 def step_logits(
-    step: DecodeStep, tokens: torch.Tensor, positions: torch.Tensor, kv: BatchKV, whole: bool = False
+    step: DecodeStep,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    kv: BatchKV,
+    whole: bool = False,
+    forward: StepForward | None = None,
 ) -> torch.Tensor:
     """fp32 logits [rows, n, vocab] after each of `tokens` [rows, n] at `positions` [rows, n], over
     each row's K/V in `kv` (which grows by the tokens). `whole`: attend over the buffer's whole
-    capacity (the shapes a captured graph keeps, `graph_step.py`), not the longest row's."""
+    capacity (the shapes a captured graph keeps), not the longest row's; `forward`: what runs
+    the step in place of `step.forward` (the graphed steps, `graph_step.py`)."""
     count = tokens.shape[1]
     starts = kv.reserve_step(count)
     width = kv.capacity if whole else kv.width(count)
-    logits = step.forward(tokens, positions, starts, kv, width)
+    logits = (forward or step.forward)(tokens, positions, starts, kv, width)
     kv.advance(count)
     return logits
 
