@@ -30,6 +30,52 @@ def test_defaults_adopt_what_the_store_was_written_with(
     assert reader.generate(prompt, max_new_tokens=1, store_prompt=False).reused_approximate_tokens > 0
 
 
+def test_a_quantized_store_adopted_with_no_settings_says_so_and_is_never_exact(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Quantized KV is not what full prefill computes: warmed documents, moved or in place, are
+    APPROXIMATE to an engine that adopted the store's int4, and its first token is checked."""
+    from kvboost_rag.engine.decode import DecodeObserver
+
+    store = tmp_path / "store"
+    writer = open_engine(tiny_model_dir, store, kv_quantization="int4")
+    writer.warm(passages[:3])
+    with caplog.at_level("WARNING", logger="kvboost_rag.store.settings"):
+        reader = open_engine(tiny_model_dir, store)
+    assert reader.config.kv_quantization == "int4"
+    assert [r.getMessage() for r in caplog.records if "adopts" in r.getMessage()] == [
+        f"kvboost-rag: store {store} was written with kv_quantization='int4': this engine adopts them "
+        "(pass them, or use another store, to choose otherwise)"
+    ]
+
+    checked: list[int] = []
+
+    class Watch(DecodeObserver):
+        def lead(self, request: object) -> float:
+            checked.append(1)
+            return super().lead(request)  # type: ignore[arg-type]
+
+    prompt = f"{passages[0]}\n\n{passages[2]}\n\nQuestion: which one is first?"
+    first = reader.generate(prompt, max_new_tokens=3, store_prompt=False, observer=Watch())
+    assert first.reused_approximate_tokens > 0 and first.reused_exact_tokens == 0 and first.exact_chunks == 0
+    assert checked, "the first token on quantized KV went through the near-tie check"
+    plan = reader.plan(passages[0] + "\n\nAnd?")  # the first document where it was warmed: in place
+    assert plan.tokens("exact") == 0 and plan.tokens("approximate") > 0
+    from typer.testing import CliRunner
+
+    from kvboost_rag.cli import app
+
+    stats = CliRunner().invoke(app, ["cache", "stats", "--store", str(store)])
+    assert stats.exit_code == 0, stats.output
+    assert [line for line in stats.output.splitlines() if line.startswith("written with")] == [
+        f"written with ({tiny_model_dir}): chunking='fixed', chunk_size=128, adaptive_slack=16, "
+        "kv_quantization='int4', warm_prefix=''"
+    ]
+    dense = open_engine(tiny_model_dir, tmp_path / "dense")  # the same without quantization
+    dense.warm(passages[:3])
+    assert dense.plan(passages[0] + "\n\nAnd?").tokens("exact") > 0, "dense chunks in place stay EXACT"
+
+
 def test_an_explicit_other_setting_is_an_error_naming_it(
     tiny_model_dir: Path, tmp_path: Path, passages: list[str]
 ) -> None:

@@ -147,6 +147,8 @@ def cache_stats(*, options: dict[str, Any]) -> None:
 
 def _print_disk(summary: DiskSummary) -> None:
     _print_models(str(summary.root), summary.models)
+    for model, settings in summary.settings:  # what an engine opened with no settings adopts
+        typer.echo(f"written with ({model}): {settings}")
     if not summary.has_index:
         typer.echo("no index beside the chunk files: `kvboost-rag cache verify` rebuilds it from them")
     elif summary.orphan_files:

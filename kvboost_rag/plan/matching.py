@@ -3,7 +3,9 @@
 The prompt's own tokens are the truth. EXACT: leading prompt chunks whose chained prefix hash is
 stored (identical tokens and context, so identical KV), or the prompt's head (the tokens before
 its first reused document: a system prompt and a template's opening) as an earlier prompt left
-it. APPROXIMATE: any later run of at least `match_window` tokens identical to a stored chunk
+it, where the entry keeps its KV as computed: a quantized chunk is never what full prefill
+computes, so it is APPROXIMATE wherever it stands (the repair and the exactness policy treat it
+so). APPROXIMATE: any later run of at least `match_window` tokens identical to a stored chunk
 (`approximate`). Everything else is computed.
 """
 
@@ -84,8 +86,14 @@ def _exact_segments(
         entry = store.get_exact(key)
         if not _serves_exact(entry, keys, tokens, start, end):
             break
-        segments.append(Segment(start, end, "exact", entry, 0))
-    return segments, len(segments)
+        assert entry is not None  # _serves_exact checked it
+        segments.append(Segment(start, end, _in_context_kind(entry), entry, 0))
+    return segments, sum(s.kind == "exact" for s in segments)
+
+
+def _in_context_kind(entry: ChunkEntry) -> SegmentKind:
+    """What a chunk computed in this very context is: EXACT, unless its KV is kept quantized."""
+    return "approximate" if entry.quantized else "exact"
 
 
 def _serves_exact(entry: ChunkEntry | None, keys: KeySpace, tokens: np.ndarray, start: int, end: int) -> bool:
@@ -113,7 +121,9 @@ def _head(tokens: np.ndarray, found: list[Segment], store: ChunkLookup, keys: Ke
         return []
     end = found[0].start
     entry = store.get_exact(head_key(keys, tokens[:end]))
-    return [Segment(0, end, "exact", entry, 0)] if _serves_exact(entry, keys, tokens, 0, end) else []
+    if entry is None or not _serves_exact(entry, keys, tokens, 0, end):
+        return []
+    return [Segment(0, end, _in_context_kind(entry), entry, 0)]
 
 
 def _in_place_exact(tokens: np.ndarray, segments: list[Segment], keys: KeySpace) -> list[Segment]:
@@ -125,6 +135,7 @@ def _in_place_exact(tokens: np.ndarray, segments: list[Segment], keys: KeySpace)
         i
         for i, s in enumerate(segments)
         if s.entry is not None
+        and not s.entry.quantized
         and s.entry.prefix_hash is not None
         and s.start - s.offset == s.entry.base_position
         and np.array_equal(tokens[s.entry.base_position : s.start], s.entry.tokens[: s.offset])

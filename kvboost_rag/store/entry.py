@@ -58,6 +58,11 @@ class ChunkEntry:
         if tuple(self.keys.shape) != tuple(self.values.shape) or self.keys.shape[2] != n:
             raise ValueError(f"KV of shape {tuple(self.keys.shape)} does not hold {n} tokens")
 
+    @property
+    def quantized(self) -> bool:
+        """Its KV is kept quantized: never what full prefill computes, so never served as EXACT."""
+        return isinstance(self.keys, QuantizedTensor) or isinstance(self.values, QuantizedTensor)
+
     def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values as tensors in the model's dtype."""
         return dense(self.keys), dense(self.values)

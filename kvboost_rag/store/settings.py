@@ -10,10 +10,13 @@ for a setting it chose otherwise.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ..config import EngineConfig
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 
@@ -62,12 +65,25 @@ def reconcile(
                 f"store {store_name} indexes windows of {store_window} tokens; the engine asks for "
                 f"match_window={config.match_window}. Use match_window={store_window} or another store."
             )
+        log.warning(
+            "kvboost-rag: store %s indexes windows of %d tokens: this engine adopts match_window=%d",
+            store_name,
+            store_window,
+            store_window,
+        )
         config = replace(config, match_window=store_window)
     wanted = KeySettings.of(config)
     if not recorded or wanted in recorded:
         return config
     adoptable = [r for r in recorded if all(name not in explicit for name in wanted.differences(r))]
     if len(adoptable) == 1:
+        adopted = ", ".join(f"{name}={stored!r}" for name, (_, stored) in wanted.differences(adoptable[0]).items())
+        log.warning(
+            "kvboost-rag: store %s was written with %s: this engine adopts them (pass them, or use another "
+            "store, to choose otherwise)",
+            store_name,
+            adopted,
+        )
         return replace(config, **asdict(adoptable[0]))
     described = "; ".join(
         ", ".join(f"{name}={stored!r}" for name, (_, stored) in wanted.differences(r).items()) for r in recorded

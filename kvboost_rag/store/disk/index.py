@@ -145,6 +145,12 @@ class DiskIndex:
             rows = self._db.execute("SELECT settings FROM settings WHERE model = ? ORDER BY rowid", (model,))
             return [KeySettings.from_json(text) for (text,) in rows]
 
+    def all_settings(self) -> list[tuple[bytes, KeySettings]]:
+        """Every (model, settings) the store was written with, in the order first recorded."""
+        with self._lock:
+            rows = self._db.execute("SELECT model, settings FROM settings ORDER BY rowid")
+            return [(bytes(model), KeySettings.from_json(text)) for model, text in rows]
+
     def record_settings(self, model: Fingerprint, settings: KeySettings) -> None:
         with self._lock, self._db:
             self._db.execute(

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..tier import ModelStats
@@ -33,6 +33,9 @@ class DiskSummary:
     orphan_files: int
     read_only: bool
     has_index: bool  # False: chunk files without an index (`verify` rebuilds it from them)
+    # how each model's documents were written (what an engine opened with no settings adopts):
+    # (model name, or its fingerprint where none was recorded; "kv_quantization='int4', ...")
+    settings: list[tuple[str, str]] = field(default_factory=list)
 
 
 def summarize(root: Path) -> DiskSummary:
@@ -44,6 +47,11 @@ def summarize(root: Path) -> DiskSummary:
     read_only = not (has_index and os.access(root, os.W_OK) and os.access(path, os.W_OK))
     index = DiskIndex(path, read_only=read_only)
     try:
-        return DiskSummary(root, index.stats(), orphan_files(root, index), read_only, has_index)
+        names = index.model_names()
+        settings = [
+            (names.get(model) or model.hex()[:16], ", ".join(f"{k}={v!r}" for k, v in asdict(recorded).items()))
+            for model, recorded in index.all_settings()
+        ]
+        return DiskSummary(root, index.stats(), orphan_files(root, index), read_only, has_index, settings)
     finally:
         index.close()
