@@ -179,6 +179,22 @@ def test_cache_commands(tiny_model_dir: Path, tmp_path: Path, passages: list[str
     assert prune.returncode == 0 and "0.0 MiB stored" in prune.stdout
     missing = run([*CLI, "warm", str(tmp_path / "nope.txt"), "--store", str(cache)])
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+    # --pin, from the command line: documents warm already are pinned too, and prune keeps them
+    model = ["--store", str(cache), "--model", str(tiny_model_dir)]
+    assert "1 warmed" in run([*CLI, "warm", str(folder / "a.txt"), *model]).stdout
+    pinned = run([*CLI, "warm", str(folder / "a.txt"), "--pin", *model])
+    assert pinned.returncode == 0 and "1 already warm" in pinned.stdout, pinned.stderr
+    pinned = run([*CLI, "warm", str(folder / "c.jsonl"), "--pin", *model])
+    assert pinned.returncode == 0, pinned.stderr
+    kept = DiskStore(cache, 16)
+    held = kept.total_bytes()
+    kept.close()
+    prune = run([*CLI, "cache", "prune", "--budget", "0", "--store", str(cache)])
+    assert prune.returncode == 0, prune.stderr
+    kept = DiskStore(cache, 16)
+    assert 0 < kept.total_bytes() == held, "pinned documents are not pruned"
+    rows = [line.split() for line in run([*CLI, "cache", "stats", "--store", str(cache)]).stdout.splitlines()]
+    assert any(row[-1].isdigit() and int(row[-1]) > 0 for row in rows[2:3]), rows  # the pinned column
 
 
 def test_disk_budget_holds_while_warming(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:

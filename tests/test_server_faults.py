@@ -4,6 +4,7 @@ deleted under it. Real processes where it matters: `kvboost-rag serve` as a subp
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -239,3 +240,69 @@ def test_a_store_index_deleted_under_the_server_loses_nothing_and_a_rebuild_keep
     row = stats.stdout.strip().splitlines()[-1].split()
     documents, pinned = row[-4], row[-1]
     assert documents == "1" and int(pinned) > 0, stats.stdout  # the pinned one, and only whole documents
+
+
+def test_a_body_past_the_limit_is_a_413_before_it_is_read(tiny_engine: KVBoostRAG) -> None:
+    """Declared or sent in chunks, a body past --max-body-bytes is refused in OpenAI's shape and
+    nothing is tokenized; a warm request has its own, larger bound; what fits is served."""
+    tokenized: list[int] = []
+    served = on_empty_store(tiny_engine, EngineConfig(store="memory"))
+    tokenize = served.tokenize_prompt
+    served.tokenize_prompt = lambda prompt: tokenized.append(1) or tokenize(prompt)  # type: ignore[method-assign]
+    settings = ServerSettings(max_body_bytes=64 * 1024, max_warm_bytes=256 * 1024)
+    huge = "word " * (2 * 1024 * 1024)  # 10 MB of text in one message
+    with serving(served, settings) as root:
+        body = {"model": served.name, "messages": [{"role": "user", "content": huge}], "max_tokens": 2}
+        declared = httpx.post(root + "/v1/chat/completions", json=body, timeout=30)
+        assert declared.status_code == 413, declared.text
+        assert declared.json()["error"] | {"message": ""} == {
+            "message": "",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+        assert "65536 bytes" in declared.json()["error"]["message"]
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it comes
+            text = json.dumps(body).encode()
+            for start in range(0, len(text), 1 << 16):
+                yield text[start : start + (1 << 16)]
+
+        chunked = httpx.post(root + "/v1/chat/completions", content=chunks(), timeout=30)
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+        assert tokenized == [], "nothing of a refused body was tokenized"
+        documents = [f"{i} " + "x " * 1200 for i in range(30)]  # ~72 KB: past the body limit, within the warm bound
+        warmed = httpx.post(root + "/kvboost/warm", json={"documents": documents, "neighbours": 0}, timeout=120)
+        assert warmed.status_code == 200, warmed.text
+        small = httpx.post(root + "/v1/chat/completions", json={**body, "messages": LONG}, timeout=60)
+        assert small.status_code == 200 and tokenized
+        metrics = httpx.get(root + "/metrics").text
+        assert 'status="413"' in metrics, "refusals are counted"
+
+
+def test_a_prompt_is_tokenized_off_the_event_loop(tiny_engine: KVBoostRAG) -> None:
+    """While one request's prompt is tokenized and templated, the server answers the others."""
+    served = on_empty_store(tiny_engine, EngineConfig(store="memory"))
+    tokenize, started = served.tokenize_prompt, threading.Event()
+
+    def slow(prompt: Any) -> Any:
+        started.set()
+        time.sleep(1.5)  # a long prompt's templating and tokenization
+        return tokenize(prompt)
+
+    served.tokenize_prompt = slow  # type: ignore[method-assign]
+    order: list[str] = []
+    with serving(served, ServerSettings()) as root:
+        body = {"model": served.name, "messages": LONG, "max_tokens": 2}
+
+        def chat() -> None:
+            httpx.post(root + "/v1/chat/completions", json=body, timeout=60)
+            order.append("chat")
+
+        thread = threading.Thread(target=chat)
+        thread.start()
+        assert started.wait(30)
+        assert httpx.get(root + "/health", timeout=30).status_code == 200
+        order.append("health")
+        thread.join(60)
+    assert order == ["health", "chat"], "/health was answered while the prompt was tokenized"

@@ -95,6 +95,14 @@ def serve(
             envvar=env_var("max_warm_bytes"), help="text one /kvboost/warm request may send, e.g. 8MiB; past it, 413"
         ),
     ] = "8MiB",
+    max_body_bytes: Annotated[
+        str,
+        typer.Option(
+            envvar=env_var("max_body_bytes"),
+            help="body one request may send, e.g. 2MiB; past it, 413 before it is read (warm requests: "
+            "--max-warm-bytes + 1MiB)",
+        ),
+    ] = "2MiB",
     log_level: Annotated[
         LogLevel, typer.Option(envvar=env_var("log_level"), help="uvicorn's log level; 'info' logs every request")
     ] = "info",
@@ -139,6 +147,7 @@ def serve(
             _origins(allowed_origins),
             max_warm_documents,
             parse_size(max_warm_bytes),
+            parse_size(max_body_bytes),
         )
     except (TypeError, ValueError) as error:
         raise typer.BadParameter(str(error)) from error

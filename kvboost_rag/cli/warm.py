@@ -100,6 +100,10 @@ def warm(
             "plain warming's time); --no-together: each document after its own N nearest ((N+1)x)",
         ),
     ] = True,
+    pin: Annotated[
+        bool,
+        typer.Option(help="pin the documents (warm ones too): `cache prune` and memory budgets never evict them"),
+    ] = False,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
     *,
     options: dict[str, Any],
@@ -164,10 +168,10 @@ def warm(
         for batch, is_group in batches:
             try:
                 if is_group:
-                    report = engine.warm_together([batch], neighbours_from=how)
+                    report = engine.warm_together([batch], pin=pin, neighbours_from=how)
                 else:
                     after = [by_text[batch[0]]] if neighbours else None
-                    report = engine.warm(batch[0], neighbours=after, neighbours_from=how)
+                    report = engine.warm(batch[0], pin=pin, neighbours=after, neighbours_from=how)
             except (StoreSettingsError, StoreVersionError):
                 raise  # the store's, not the document's: no use going on
             except (ValueError, TypeError) as error:  # refused before any model work: nothing stored

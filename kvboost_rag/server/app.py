@@ -28,6 +28,7 @@ from ..engine.cancellation import Cancelled, cancellable
 from ..neighbours import HeldDocuments
 from .admission import Admission
 from .bodies import JSONBodies
+from .body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from .errors import APIError, install_handlers
 from .metrics import CONTENT_TYPE, CountAnswers, ServingMetrics
 from .options import DEFAULT_TEMPERATURE, stream_arguments
@@ -48,6 +49,7 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
     max_warm_documents: int = DEFAULT_MAX_DOCUMENTS  # per /kvboost/warm request; past it, 413
     max_warm_bytes: int = DEFAULT_MAX_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a request's body (a warm request's: its text's bound + 1 MiB)
 
 
 def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> FastAPI:
@@ -69,7 +71,9 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     app.state.metrics = metrics = ServingMetrics(engine)
     install_handlers(app)
     app.add_middleware(JSONBodies, allowed_origins=settings.allowed_origins)
-    app.add_middleware(CountAnswers, metrics=metrics)
+    warm_body = max(settings.max_body_bytes, settings.max_warm_bytes + 2**20)  # JSON around the text
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, warm_max_bytes=warm_body)
+    app.add_middleware(CountAnswers, metrics=metrics)  # outside the limit: a 413 is counted too
     if settings.allowed_origins:  # added last: outermost, so preflights are answered first
         app.add_middleware(
             CORSMiddleware,
@@ -127,8 +131,8 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         check_model(body.model)
         body.refuse_unsupported()
         admission.enter()
-        try:
-            stream = start(prompt, body)
+        try:  # tokenized and templated in a worker thread: the event loop keeps answering others
+            stream = await anyio.to_thread.run_sync(start, prompt, body)
         except BaseException:
             admission.leave()
             raise

@@ -55,3 +55,15 @@ def serving(data: dict[str, Any]) -> str:
         )
     )
     return notes + "\n\n" + columns_table(columns, rows)
+
+
+def server_limits(data: dict[str, Any]) -> str:
+    """A body past the limit against `kvboost-rag serve`: how soon refused, how soon others answered."""
+    refused = ", ".join(f"{s * 1000:.0f}" for s in data["refused_s"])
+    return (
+        f"A {data['body_mb']:g} MB chat body: 413 in {data['refused_s_median'] * 1000:.0f} ms (median; rounds: "
+        f"{refused} ms); the slowest `/health` answer meanwhile {data['health_during_refusal_max_s'] * 1000:.0f} ms. "
+        f"A body just under the limit (tokenized in a worker thread, then a {data['fitting_body_status']}) took "
+        f"{data['fitting_body_s']:.2f} s; the slowest `/health` answer meanwhile "
+        f"{data['health_during_fitting_max_s'] * 1000:.0f} ms."
+    )
