@@ -194,5 +194,5 @@ def warm(
         f"{skipped} already warm{failed}. Store: {engine.config.store}"
     )
     if store_errors:
-        typer.echo(f"{store_errors} writes to the store failed (warnings above): those chunks were not kept", err=True)
+        typer.echo(f"{store_errors} writes to the store failed (logged above): those chunks were not kept", err=True)
     failures.exit()

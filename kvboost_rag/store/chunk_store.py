@@ -2,13 +2,12 @@
 
 A miss in memory (`memory.py`) is looked up in each persistent tier (`tier.py`: disk, then
 Redis) in order, and a hit is kept in memory; document chunks are written through to every tier.
-Tiers fail soft: a tier call that fails is a warning and a miss, never a failed request.
+Tiers fail soft: a tier call that fails is logged and a miss, never a failed request.
 """
 
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -17,6 +16,7 @@ from typing import Literal, TypeVar
 from ..plan.keys import ContentHash, PrefixHash, WindowKey
 from .entry import ChunkEntry, DocumentRecord
 from .eviction import EvictionWeights
+from .failures import FailureLog
 from .memory import MemoryStats, MemoryTier
 from .tier import ChunkTier
 
@@ -41,6 +41,7 @@ class ChunkStore:
         self._hits: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
+        self.failures = FailureLog()
 
     @property
     def tier_errors(self) -> int:
@@ -167,16 +168,13 @@ class ChunkStore:
                 self.safely(tier, "storing a document", lambda: tier.put_document(record), None)
 
     def safely(self, tier: ChunkTier, what: str, call: Callable[[], T], default: T) -> T:
-        """A tier call whose failure (a full disk, a broken index, a lost connection) is a warning
-        and a miss: the cache is optional, so it never fails a request."""
+        """A tier call whose failure (a full disk, a broken index, a lost connection) is logged
+        (`failures.py`) and a miss: the cache is optional, so it never fails a request."""
         try:
             return call()
         except Exception as error:  # noqa: BLE001 - any store error becomes a recompute
             self._count(self._errors, type(tier).__name__)
-            warnings.warn(
-                f"kvboost-rag: {what} in {tier!r} failed ({type(error).__name__}: {error}); served without it",
-                stacklevel=3,
-            )
+            self.failures.failed(repr(tier), what, error)
             return default
 
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
