@@ -576,3 +576,55 @@ def test_ignore_eos_answers_max_tokens_as_vllm_does(tiny_engine: KVBoostRAG) -> 
         fixed.usage is not None and fixed.usage.completion_tokens == 40 and fixed.choices[0].finish_reason == "length"
     )
     assert refused.status_code == 400
+
+
+# the Responses API ------------------------------------------------------------------------------
+def test_responses_create_with_the_official_client_streaming_and_not(
+    tiny_engine: KVBoostRAG, passages: list[str]
+) -> None:
+    """`client.responses.create`: text and message input, instructions, max_output_tokens, usage
+    with cached tokens, streamed events, and a conversation continued by previous_response_id."""
+    served = on_empty_store(tiny_engine, EngineConfig(store="memory"))
+    reference = on_empty_store(tiny_engine, EngineConfig(store="memory", store_prompt=False))
+    instructions, question = "Answer briefly.", f"{passages[0]}\n\nWhat is this about?"
+    asked = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
+    expected = reference.generate(asked, max_new_tokens=8, ignore_eos=True)
+    with serving(served, ServerSettings()) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        common = dict(model=served.name, instructions=instructions, max_output_tokens=8, temperature=0)
+        first = client.responses.create(input=question, **common, extra_body={"ignore_eos": True})
+        assert first.object == "response" and first.id.startswith("resp")
+        assert first.output_text == expected.text and first.status == "incomplete"  # stopped at max_output_tokens
+        assert first.incomplete_details is not None and first.incomplete_details.reason == "max_output_tokens"
+        usage = first.usage
+        assert usage is not None and (usage.input_tokens, usage.output_tokens) == (expected.prompt_tokens, 8)
+        assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+        parts = [{"role": "user", "content": [{"type": "input_text", "text": question}]}]
+        events = list(client.responses.create(input=parts, stream=True, **common, extra_body={"ignore_eos": True}))
+        kinds = [event.type for event in events]
+        assert kinds[:4] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ]
+        assert kinds[-1] == "response.incomplete" and "response.output_text.done" in kinds
+        streamed = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+        assert streamed == expected.text == events[-1].response.output_text
+        assert [event.sequence_number for event in events] == list(range(len(events)))
+        # the conversation goes on from the first response: its history kept, its KV reused
+        follow = "And in one word?"
+        second = client.responses.create(input=follow, previous_response_id=first.id, **common)
+        history = [*asked, {"role": "assistant", "content": first.output_text}, {"role": "user", "content": follow}]
+        again = reference.generate(history, max_new_tokens=8)
+        assert second.output_text == again.text and second.usage.input_tokens == again.prompt_tokens
+        assert second.usage.input_tokens_details.cached_tokens > expected.prompt_tokens // 2, "the kept turn reused"
+        with pytest.raises(openai.BadRequestError, match="not found"):
+            client.responses.create(input=follow, previous_response_id="resp-unknown", **common)
+        tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+        with pytest.raises(openai.BadRequestError, match="tools"):
+            client.responses.create(input=follow, tools=[tool], **common)  # type: ignore[list-item]
+        image = [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]
+        for bad in ({"input": image}, {"input": 42}, {"input": "x", "max_output_tokens": 0}, {}):
+            refused = httpx.post(url + "/responses", json={"model": served.name, **bad}, timeout=30)
+            assert refused.status_code == 400 and refused.json()["error"]["message"], (bad, refused.text)

@@ -230,14 +230,14 @@ def test_a_store_index_deleted_under_the_server_loses_nothing_and_a_rebuild_keep
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
     stats = cli("cache", "stats", "--store", str(store))
-    row = stats.stdout.strip().splitlines()[-1].split()
+    row = stats.stdout.strip().splitlines()[2].split()  # the path, the header, the model's row
     assert row[-4] == "6", stats.stdout  # documents: all six, none lost to the deleted index
     for suffix in ("", "-wal", "-shm"):
         (store / f"index.sqlite{suffix}").unlink(missing_ok=True)
     assert "rebuilt" in cli("cache", "verify", "--store", str(store)).stdout
     assert cli("cache", "prune", "--store", str(store), "--budget", "0").returncode == 0
     stats = cli("cache", "stats", "--store", str(store))
-    row = stats.stdout.strip().splitlines()[-1].split()
+    row = stats.stdout.strip().splitlines()[2].split()
     documents, pinned = row[-4], row[-1]
     assert documents == "1" and int(pinned) > 0, stats.stdout  # the pinned one, and only whole documents
 

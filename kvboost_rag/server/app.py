@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server: one engine, many clients.
 
-Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/health`, `/metrics`
+Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/health`, `/metrics`
 (Prometheus), and ours under `/kvboost/` (warm documents, store stats, prune). Generation runs
 in worker threads, so the event loop keeps accepting (and refusing, past the queue) while the
 model works; the engine steps the running requests together (continuous batching), and a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
 from ..engine.cancellation import Cancelled, cancellable
+from ..engine.result import GenerationResult
 from ..neighbours import HeldDocuments
 from .admission import Admission
 from .bodies import JSONBodies
@@ -32,10 +33,14 @@ from .body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from .errors import APIError, install_handlers
 from .metrics import CONTENT_TYPE, CountAnswers, ServingMetrics
 from .options import DEFAULT_TEMPERATURE, stream_arguments
-from .responses import ChunkWriter, chat_completion, new_id, text_completion
-from .schemas import ChatCompletionRequest, CompletionRequest, PruneRequest, WarmRequest
+from .responses import ChunkWriter, ResponseWriter, new_id
+from .schemas import ChatCompletionRequest, CompletionRequest, PruneRequest, ResponsesRequest, WarmRequest
 from .stopping import Stop, run_watched
+from .turns import KeptResponses
 from .warming import DEFAULT_MAX_BYTES, DEFAULT_MAX_DOCUMENTS, WarmLimits, warm_with_neighbours
+
+Generation = ChatCompletionRequest | CompletionRequest | ResponsesRequest
+Writer = ChunkWriter | ResponseWriter
 
 
 @dataclass(slots=True)
@@ -61,6 +66,8 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     served = settings.model_name or engine.name
     admission = Admission(engine.batcher.max_running, settings.max_waiting)  # the batch's bound, not a second one
     held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
+    kept = KeptResponses()  # the conversations behind Responses API answers (previous_response_id)
+    settings_temperature = settings.temperature
     app = FastAPI(
         title="kvboost-rag",
         summary="OpenAI-compatible server with position-independent KV reuse",
@@ -95,7 +102,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         if name != served:
             raise APIError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
 
-    def start(prompt: Any, body: ChatCompletionRequest | CompletionRequest) -> GenerationStream:
+    def start(prompt: Any, body: Generation) -> GenerationStream:
         """The engine's stream, every argument checked: a refusal here is a 4xx before any model work."""
         try:
             stream = engine.stream(prompt, **stream_arguments(body, settings.temperature))
@@ -110,11 +117,11 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
             raise
         return stream
 
-    def check_room(prompt_tokens: int, body: ChatCompletionRequest | CompletionRequest) -> None:
-        """A `max_tokens` the window cannot hold after the prompt is a 400, as vLLM answers (not
+    def check_room(prompt_tokens: int, body: Generation) -> None:
+        """A token limit the window cannot hold after the prompt is a 400, as vLLM answers (not
         quietly cut): 2^63 would otherwise hold a running place for the window's whole length.
         The prompt's length comes from the engine's stream, so the prompt is tokenized once."""
-        given = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        given, param = body.given_limit()
         if given is None:
             return
         if prompt_tokens < engine.max_context < prompt_tokens + given:
@@ -123,11 +130,15 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
                 f"This model's maximum context length is {engine.max_context} tokens. However, you requested "
                 f"{prompt_tokens + given} tokens ({prompt_tokens} in the messages, {given} in the completion). "
                 "Please reduce the length of the messages or completion.",
-                param="max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens",
+                param=param,
                 code="context_length_exceeded",
             )
 
-    async def run(prompt: Any, body: ChatCompletionRequest | CompletionRequest, chat: bool, request: Request) -> Any:
+    async def run(
+        prompt: Any, body: Generation, request: Request, writer: Writer, done: Callable[[GenerationResult], None]
+    ) -> Any:
+        """The answer to one generation request, streamed by `writer` or whole; `done(result)`
+        once it is complete."""
         check_model(body.model)
         body.refuse_unsupported()
         admission.enter()
@@ -136,11 +147,8 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         except BaseException:
             admission.leave()
             raise
-        request_id = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            writer = ChunkWriter(request_id, served, chat)
-            events = _events(stream, writer, include_usage, admission, Stop(stopping), metrics)
+            events = _events(stream, writer, admission, Stop(stopping), metrics, done)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         stop = Stop(stopping)
         try:
@@ -149,7 +157,12 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
             await _close(stream)
             admission.leave()
         metrics.finished(result)
-        return (chat_completion if chat else text_completion)(request_id, served, result)
+        done(result)
+        return writer.whole(result)
+
+    def chunk_writer(body: ChatCompletionRequest | CompletionRequest, chat: bool) -> ChunkWriter:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return ChunkWriter(new_id("chatcmpl" if chat else "cmpl"), served, chat, include_usage)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -173,11 +186,36 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         # the engine keeps each turn's new tokens and answer, so the next turn reuses its history
-        return await run(body.chat_messages(), body, True, request)
+        return await run(body.chat_messages(), body, request, chunk_writer(body, True), _nothing)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await run(body.prompt_text(), body, False, request)
+        return await run(body.prompt_text(), body, request, chunk_writer(body, False), _nothing)
+
+    @app.post("/v1/responses", dependencies=[Depends(authorized)])
+    async def responses(body: ResponsesRequest, request: Request) -> Any:
+        """The Responses API: `previous_response_id` continues a kept conversation (`turns.py`)."""
+        # a previous response's instructions are not carried over (as OpenAI's are not): this request's lead
+        history = kept.history(body.previous_response_id) if body.previous_response_id else []
+        conversation = history + body.input_messages()
+        lead = [{"role": "system", "content": body.instructions}] if body.instructions else []
+        settings = {
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "previous_response_id": body.previous_response_id,
+            "temperature": body.temperature if body.temperature is not None else settings_temperature,
+            "top_p": body.top_p if body.top_p is not None else 1.0,
+            "store": body.store is not False,
+            "metadata": body.metadata or {},
+            "user": body.user,
+        }
+        writer = ResponseWriter(new_id("resp"), served, settings)
+
+        def done(result: GenerationResult) -> None:
+            if body.store is not False:
+                kept.keep(writer.response_id, [*conversation, {"role": "assistant", "content": result.text}])
+
+        return await run(lead + conversation, body, request, writer, done)
 
     @app.post("/kvboost/warm", dependencies=[Depends(authorized)])
     async def warm(body: WarmRequest, request: Request) -> dict[str, Any]:
@@ -222,11 +260,11 @@ def _next_delta(stream: GenerationStream, stop: Stop) -> Any:
 
 async def _events(
     stream: GenerationStream,
-    writer: ChunkWriter,
-    include_usage: bool,
+    writer: Writer,
     admission: Admission,
     stop: Stop,
     metrics: ServingMetrics,
+    done: Callable[[GenerationResult], None],
 ) -> AsyncIterator[str]:
     """SSE events as tokens come. A client that goes away cancels this at its next await: the
     token being computed finishes (the thread is not abandoned), then the stream is closed, so
@@ -239,13 +277,18 @@ async def _events(
             yield writer.delta(delta)
         assert stream.result is not None
         metrics.finished(stream.result)
-        for event in writer.finish(stream.result, include_usage):
+        done(stream.result)
+        for event in writer.finish(stream.result):
             yield event
     except Cancelled:
         yield writer.error(stop.refusal())
     finally:
         await _close(stream)
         admission.leave()
+
+
+def _nothing(result: GenerationResult) -> None:
+    """Chat and completions keep nothing of an answer here (the engine keeps its KV)."""
 
 
 async def _close(stream: GenerationStream) -> None:

@@ -6,13 +6,13 @@ from typing import Any
 
 from ..config import ExactnessConfig
 from ..options import SERVER_DEFAULTS, stream_options
-from .schemas import TOP_LEVEL_EXTRAS, ChatCompletionRequest, CompletionRequest
+from .schemas import TOP_LEVEL_EXTRAS, ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
 DEFAULT_TEMPERATURE: float = SERVER_DEFAULTS["temperature"]  # `serve --temperature`'s default: OpenAI's
 
 
 def stream_arguments(
-    body: ChatCompletionRequest | CompletionRequest, temperature: float = DEFAULT_TEMPERATURE
+    body: ChatCompletionRequest | CompletionRequest | ResponsesRequest, temperature: float = DEFAULT_TEMPERATURE
 ) -> dict[str, Any]:
     """OpenAI's fields, vLLM's top-level extras and ours (`kvboost`), over the option table's
     server defaults (`temperature`: the server's setting). A bad value, or an extra given at the

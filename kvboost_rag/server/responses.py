@@ -1,4 +1,5 @@
-"""Response bodies and stream chunks in the OpenAI API's shapes."""
+"""Response bodies and stream events in the OpenAI API's shapes: Chat Completions, Completions and
+the Responses API."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def _completion(
 class ChunkWriter:
     """Server-sent events of one streamed answer, chat or completions."""
 
-    def __init__(self, request_id: str, model: str, chat: bool) -> None:
-        self.request_id, self.model, self.chat = request_id, model, chat
+    def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool = False) -> None:
+        self.request_id, self.model, self.chat, self.include_usage = request_id, model, chat, include_usage
         self.created = int(time.time())
 
     def _event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
@@ -91,9 +92,133 @@ class ChunkWriter:
         """The event that ends a stream cut short (the server stopping), in OpenAI's error shape."""
         return f"data: {json.dumps(error.body())}\n\n"
 
-    def finish(self, result: GenerationResult, include_usage: bool) -> list[str]:
+    def whole(self, result: GenerationResult) -> dict[str, Any]:
+        """The answer not streamed: one body."""
+        return (chat_completion if self.chat else text_completion)(self.request_id, self.model, result)
+
+    def finish(self, result: GenerationResult) -> list[str]:
         events = [self._event([self._choice(None if self.chat else "", finish_reason(result.finish_reason))])]
-        if include_usage:
+        if self.include_usage:
             events.append(self._event([], usage=openai_usage(result), kvboost=details(result)))
         events.append("data: [DONE]\n\n")
         return events
+
+
+def responses_usage(result: GenerationResult) -> dict[str, Any]:
+    """The Responses API's usage; cached_tokens counts the prompt tokens served from reused KV."""
+    return {
+        "input_tokens": result.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": result.reused_tokens},
+        "output_tokens": result.new_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": result.prompt_tokens + result.new_tokens,
+    }
+
+
+class ResponseWriter:
+    """A Responses API answer: the response object, and the events that stream it."""
+
+    def __init__(self, response_id: str, model: str, settings: dict[str, Any]) -> None:
+        self.response_id, self.model, self.settings = response_id, model, settings
+        self.message_id = new_id("msg")
+        self.created = int(time.time())
+        self.text, self._sequence = "", 0
+
+    def response(self, status: str, result: GenerationResult | None = None) -> dict[str, Any]:
+        """The response object; its output and usage once `result` is known."""
+        output = [self._message("completed" if result else "in_progress")] if result else []
+        incomplete = result is not None and result.finish_reason in ("length", "timeout")
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created,
+            "status": "incomplete" if incomplete and status == "completed" else status,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "error": None,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": False,
+            "tool_choice": "none",
+            "tools": [],
+            **self.settings,
+            "usage": responses_usage(result) if result else None,
+            "kvboost": details(result) if result else None,
+        }
+
+    def _message(self, status: str) -> dict[str, Any]:
+        return {
+            "type": "message",
+            "id": self.message_id,
+            "status": status,
+            "role": "assistant",
+            "content": [self._part()],
+        }
+
+    def _part(self) -> dict[str, Any]:
+        return {"type": "output_text", "text": self.text, "annotations": []}
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        body = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def start(self) -> str:
+        """The events that open the stream: the response created and in progress, its message."""
+        self.text = ""
+        created = self.response("in_progress")
+        item = {**self._message("in_progress"), "content": []}
+        return (
+            self._event("response.created", response=created)
+            + self._event("response.in_progress", response=created)
+            + self._event("response.output_item.added", output_index=0, item=item)
+            + self._event(
+                "response.content_part.added",
+                item_id=self.message_id,
+                output_index=0,
+                content_index=0,
+                part=self._part(),
+            )
+        )
+
+    def delta(self, text: str) -> str:
+        self.text += text
+        return self._event(
+            "response.output_text.delta",
+            item_id=self.message_id,
+            output_index=0,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
+
+    def finish(self, result: GenerationResult) -> list[str]:
+        self.text = result.text
+        done = self.response("completed", result)
+        kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
+        return [
+            self._event(
+                "response.output_text.done",
+                item_id=self.message_id,
+                output_index=0,
+                content_index=0,
+                text=self.text,
+                logprobs=[],
+            ),
+            self._event(
+                "response.content_part.done",
+                item_id=self.message_id,
+                output_index=0,
+                content_index=0,
+                part=self._part(),
+            ),
+            self._event("response.output_item.done", output_index=0, item=self._message("completed")),
+            self._event(kind, response=done),
+        ]
+
+    def error(self, error: Any) -> str:
+        """The event that ends a stream cut short (the server stopping), in OpenAI's error shape."""
+        return self._event("error", **error.body()["error"])
+
+    def whole(self, result: GenerationResult) -> dict[str, Any]:
+        self.text = result.text
+        return self.response("completed", result)

@@ -11,7 +11,7 @@ front-end takes.
 from __future__ import annotations
 
 from dataclasses import is_dataclass
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -197,6 +197,12 @@ class ChatCompletionRequest(GenerationFields):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def given_limit(self) -> tuple[int | None, str]:
+        """The token limit the request named, and the field it came in."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
 
 class CompletionRequest(GenerationFields):
     prompt: StrictStr | list[StrictStr]
@@ -221,6 +227,94 @@ class CompletionRequest(GenerationFields):
     @property
     def token_limit(self) -> int:
         return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default for completions
+
+    def given_limit(self) -> tuple[int | None, str]:
+        return self.max_tokens, "max_tokens"
+
+
+class InputMessage(BaseModel):
+    """A Responses API input item: a message whose content is text or text parts."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+    id: StrictStr | None = None  # an output message sent back as input carries these
+    status: StrictStr | None = None
+
+    def text(self, index: int) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for j, part in enumerate(self.content):
+            if part.type not in ("input_text", "output_text", "text") or part.text is None:
+                raise unsupported(f"input[{index}].content[{j}]", f"parts of type '{part.type}' are not supported")
+            texts.append(part.text)
+        return "".join(texts)
+
+
+class ResponsesRequest(Strict):
+    """`POST /v1/responses`: text or message input, `instructions`, `previous_response_id`."""
+
+    model: StrictStr
+    input: StrictStr | list[InputMessage]
+    instructions: StrictStr | None = None
+    max_output_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: Number | None = Field(None, ge=0, le=2)
+    top_p: Number | None = Field(None, gt=0, le=1)
+    stream: StrictBool = False
+    previous_response_id: StrictStr | None = None
+    store: StrictBool | None = None  # kept (for previous_response_id) unless false
+    metadata: dict[str, Any] | None = None
+    user: StrictStr | None = None
+    kvboost: KVBoostOptions | None = None  # type: ignore[valid-type]
+    top_k: StrictInt | None = None
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
+    ignore_eos: StrictBool | None = None
+    # defined by OpenAI, served at their no-op value only
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    reasoning: Any = None
+    text: dict[str, Any] | None = None
+    truncation: StrictStr | None = None
+    include: list[Any] | None = None
+    background: StrictBool | None = None
+    service_tier: Any = None
+    # what `stream_arguments` reads of every request: the Responses API has neither
+    seed: ClassVar[None] = None
+    stop: ClassVar[None] = None
+
+    def refuse_unsupported(self) -> None:
+        if self.tools and self.tool_choice != "none":  # OpenAI's default with tools is "auto"
+            raise unsupported("tools", "are not supported unless tool_choice is 'none'")
+        if self.reasoning is not None:
+            raise unsupported("reasoning")
+        if self.text and (self.text.get("format") or {}).get("type", "text") != "text":
+            raise unsupported("text.format", "must be {'type': 'text'}")
+        if self.truncation not in (None, "disabled"):
+            raise unsupported("truncation", "must be 'disabled'")
+        if self.include:
+            raise unsupported("include")
+        if self.background:
+            raise unsupported("background")
+
+    def input_messages(self) -> list[dict[str, str]]:
+        """The input as the chat template takes it (the instructions are not part of it)."""
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            for i, m in enumerate(self.input)
+        ]
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_output_tokens
+
+    def given_limit(self) -> tuple[int | None, str]:
+        return self.max_output_tokens, "max_output_tokens"
 
 
 class WarmRequest(Strict):

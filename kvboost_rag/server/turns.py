@@ -1,0 +1,45 @@
+"""The conversations behind the server's Responses API answers, for `previous_response_id`.
+
+A response names its conversation by its id: the next request sends that id instead of the
+history, and the server prepends the kept messages (instructions, inputs and answers so far). The
+engine keeps each turn's KV (`store_prompt`), so the history is reused, not prefilled again. Kept
+in memory, the most recent `capacity` conversations; an id not kept is a 400, as OpenAI answers one
+it does not know.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from .errors import APIError
+
+Messages = list[dict[str, str]]
+DEFAULT_CAPACITY = 1024
+
+
+class KeptResponses:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, Messages] = OrderedDict()
+
+    def history(self, response_id: str) -> Messages:
+        """The messages up to and with the answer `response_id` gave."""
+        with self._lock:
+            messages = self._kept.get(response_id)
+            if messages is None:
+                raise APIError(
+                    400,
+                    f"Previous response with id '{response_id}' not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            self._kept.move_to_end(response_id)
+            return list(messages)
+
+    def keep(self, response_id: str, messages: Messages) -> None:
+        with self._lock:
+            self._kept[response_id] = messages
+            while len(self._kept) > self.capacity:
+                self._kept.popitem(last=False)
