@@ -7,6 +7,8 @@ variants and flags (`lab/kvboost_lab/eval_cli.py`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,7 @@ from ..config import MEMORY_ONLY
 from ..eval.variants import DEFAULT_VARIANTS, VARIANTS, Builder, described
 from ..neighbours import DEFAULT_NEIGHBOURS
 from .app import app, store_location
-from .options import table_options
+from .options import Command, table_options
 
 if TYPE_CHECKING:
     from ..eval.data import QAExample
@@ -105,58 +107,91 @@ class EvalRun:
     sweep_limit: int = 200
 
 
-# The product's flags, named once: the lab's `kvboost-lab eval` takes them too.
-DataFlag = Annotated[
-    Path | None,
-    typer.Option(
-        help="QA file (jsonl or json list, .gz or not); default NQ-Open", exists=True, dir_okay=False, readable=True
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+# The product's flags: (name, annotation, default); `eval_flags` puts them on a command.
+EVAL_FLAGS: tuple[tuple[str, Any, Any], ...] = (
+    (
+        "data",
+        Annotated[
+            Path | None,
+            typer.Option(
+                help="QA file (jsonl or json list, .gz or not); default NQ-Open",
+                exists=True,
+                dir_okay=False,
+                readable=True,
+            ),
+        ],
+        None,
     ),
-]
-LimitFlag = Annotated[
-    int,
-    typer.Option(
-        help=f"questions to answer: {DEFAULT_LIMIT} suits a CPU run (the progress bar shows the time left); "
-        "500 for EM within a few points",
-        min=1,
+    (
+        "limit",
+        Annotated[
+            int,
+            typer.Option(
+                help=f"questions to answer: {DEFAULT_LIMIT} suits a CPU run (the progress bar shows the time "
+                "left); 500 for EM within a few points",
+                min=1,
+            ),
+        ],
+        DEFAULT_LIMIT,
     ),
-]
-KFlag = Annotated[int, typer.Option(help="passages per prompt", min=1)]
-SeedFlag = Annotated[int, typer.Option(help="question sample and passage order")]
-UseCtxsFlag = Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")]
-WarmNeighboursFlag = Annotated[
-    int | None,
-    typer.Option(
-        help="warm documents among their N nearest corpus documents (in groups of mutual neighbours), as "
-        f"`kvboost-rag warm` does; 0: alone [default: {DEFAULT_NEIGHBOURS}; 0 with --use-ctxs]",
-        min=0,
+    ("k", Annotated[int, typer.Option(help="passages per prompt", min=1)], 5),
+    ("seed", Annotated[int, typer.Option(help="question sample and passage order")], 0),
+    ("use_ctxs", Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")], False),
+    (
+        "warm_neighbours",
+        Annotated[
+            int | None,
+            typer.Option(
+                help="warm documents among their N nearest corpus documents (in groups of mutual neighbours), "
+                f"as `kvboost-rag warm` does; 0: alone [default: {DEFAULT_NEIGHBOURS}; 0 with --use-ctxs]",
+                min=0,
+            ),
+        ],
+        None,
     ),
-]
-VariantsFlag = Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")]
-MaxNewTokensFlag = Annotated[int, typer.Option(min=1)]
-OutFlag = Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")]
-WideFlag = Annotated[bool, typer.Option(help="print every column, not the short table (the Markdown has both)")]
+    (
+        "variants",
+        Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")],
+        ",".join(DEFAULT_VARIANTS),
+    ),
+    ("max_new_tokens", Annotated[int, typer.Option(min=1)], 32),
+    ("out", Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")], Path("eval-results")),
+    (
+        "wide",
+        Annotated[bool, typer.Option(help="print every column, not the short table (the Markdown has both)")],
+        False,
+    ),
+)
+
+
+def eval_flags(command: Command) -> Command:
+    """The product's eval flags on `command`, which takes them as one `run: EvalRun` (the lab's
+    `kvboost-lab eval` adds its research flags beside them)."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "run"]
+    flags = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in EVAL_FLAGS]
+    parameters = flags + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+
+    @functools.wraps(command)
+    def with_run(**values: Any) -> Any:
+        given = {name: values.pop(name) for name, _, _ in EVAL_FLAGS}
+        return command(**values, run=EvalRun(**given | {"variants": _names(given["variants"])}))
+
+    with_run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    with_run.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": signature.return_annotation}
+    return with_run  # type: ignore[return-value]
 
 
 @app.command("eval", epilog="Variants (--variants):\n" + described())
 @table_options(*ENGINE_OPTIONS_OF_EVAL, defaults={"store": MEMORY_ONLY})
-def eval_command(
-    data: DataFlag = None,
-    limit: LimitFlag = DEFAULT_LIMIT,
-    k: KFlag = 5,
-    seed: SeedFlag = 0,
-    use_ctxs: UseCtxsFlag = False,
-    warm_neighbours: WarmNeighboursFlag = None,
-    variants: VariantsFlag = ",".join(DEFAULT_VARIANTS),
-    max_new_tokens: MaxNewTokensFlag = 32,
-    out: OutFlag = Path("eval-results"),
-    wide: WideFlag = False,
-    *,
-    options: dict[str, Any],
-) -> None:
+@eval_flags
+def eval_command(*, run: EvalRun, options: dict[str, Any]) -> None:
     """Every variant answers the same prompts as full prefill; the eval keeps its chunks in
     memory unless --store names a directory, so it never fills the user's store."""
-    names = [n.strip() for n in variants.split(",") if n.strip()]
-    run = EvalRun(data, limit, k, seed, use_ctxs, warm_neighbours, names, max_new_tokens, out, wide)
     run_evaluation(run, options)
 
 

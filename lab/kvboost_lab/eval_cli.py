@@ -9,30 +9,16 @@ prompt template. Both run `kvboost_rag.cli.evaluate.run_evaluation`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from kvboost_rag.cli.evaluate import (
-    DEFAULT_LIMIT,
-    ENGINE_OPTIONS_OF_EVAL,
-    DataFlag,
-    EvalRun,
-    KFlag,
-    LimitFlag,
-    MaxNewTokensFlag,
-    OutFlag,
-    SeedFlag,
-    UseCtxsFlag,
-    VariantsFlag,
-    WarmNeighboursFlag,
-    WideFlag,
-    run_evaluation,
-)
+from kvboost_rag.cli.evaluate import ENGINE_OPTIONS_OF_EVAL, EvalRun, eval_flags, run_evaluation
 from kvboost_rag.cli.options import table_options
 from kvboost_rag.config import MEMORY_ONLY
-from kvboost_rag.eval.variants import DEFAULT_VARIANTS, Baseline, Variant, described
+from kvboost_rag.eval.variants import Baseline, Variant, described
 
 from .variants import RESEARCH_VARIANTS, rho_variants
 
@@ -57,17 +43,8 @@ def _names(text: str) -> list[str]:
 
 @app.command("eval", epilog="Variants (--variants):\n" + described(RESEARCH_VARIANTS))
 @table_options(*ENGINE_OPTIONS_OF_EVAL, defaults={"store": MEMORY_ONLY})
+@eval_flags
 def eval_command(
-    data: DataFlag = None,
-    limit: LimitFlag = DEFAULT_LIMIT,
-    k: KFlag = 5,
-    seed: SeedFlag = 0,
-    use_ctxs: UseCtxsFlag = False,
-    warm_neighbours: WarmNeighboursFlag = None,
-    variants: VariantsFlag = ",".join(DEFAULT_VARIANTS),
-    max_new_tokens: MaxNewTokensFlag = 32,
-    out: OutFlag = Path("eval-results"),
-    wide: WideFlag = False,
     doc_passages: Annotated[
         int, typer.Option(help="passages per document: >1 joins neighbouring passages into long documents")
     ] = 1,
@@ -124,6 +101,7 @@ def eval_command(
         int | None, typer.Option(help="each moved run's first tokens always recomputed")
     ] = None,
     *,
+    run: EvalRun,
     options: dict[str, Any],
 ) -> None:
     """The product's eval with the research variants, the rho sweep and the repair's fields; the
@@ -145,25 +123,9 @@ def eval_command(
     def sweep(baseline: Baseline) -> list[Variant]:
         return rho_variants(baseline, shares, choices) if shares else []
 
-    run = EvalRun(
-        data,
-        limit,
-        k,
-        seed,
-        use_ctxs,
-        warm_neighbours,
-        _names(variants),
-        max_new_tokens,
-        out,
-        wide,
-        doc_passages,
-        warm_in_parts,
-        random_others,
-        others_from,
-        template,
-        chat,
-        sweep_limit,
-    )
+    research = dict(doc_passages=doc_passages, warm_in_parts=warm_in_parts, random_others=random_others)
+    research |= dict(others_from=others_from, template=template, chat=chat, sweep_limit=sweep_limit)
+    run = replace(run, **research)
     run_evaluation(run, options, RESEARCH_VARIANTS, changes, sweep)
 
 
