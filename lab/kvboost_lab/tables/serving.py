@@ -67,3 +67,17 @@ def server_limits(data: dict[str, Any]) -> str:
         f"{data['fitting_body_s']:.2f} s; the slowest `/health` answer meanwhile "
         f"{data['health_during_fitting_max_s'] * 1000:.0f} ms."
     )
+
+
+def memory_under_load(data: dict[str, Any]) -> str:
+    """The server's RSS under streaming clients beside the memory budget it was given."""
+    gib = 2**30
+    tenths = ", ".join(f"{b / gib:.2f}" for b in data["rss_tenths_bytes"])
+    return (
+        f"`kvboost-rag serve --memory-budget-bytes {data['budget_bytes'] / gib:.2f}GiB`, {data['clients']} streaming "
+        f"clients, {data['requests']} requests ({data['errors']} errors, prompts kept): RSS "
+        f"{data['rss_start_bytes'] / gib:.2f} GiB at start (the model), {data['rss_after_warm_bytes'] / gib:.2f} after "
+        f"warming, peak {data['rss_peak_bytes'] / gib:.2f}, last {data['rss_last_bytes'] / gib:.2f}; the memory tier "
+        f"held {data['memory_tier_bytes'] / gib:.2f} GiB ({data['memory_tier_entries']} chunks). RSS at each tenth "
+        f"of the run (GiB): {tenths}."
+    )
