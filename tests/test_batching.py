@@ -205,7 +205,7 @@ def test_a_failed_step_ends_its_requests_with_the_error_and_the_batch_goes_on(
     prompts = prompts_for(passages)[:2]
     expected = [batch_engine.generate(p, max_new_tokens=4, ignore_eos=True, store_prompt=False).text for p in prompts]
 
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the device went away")
 
     with monkeypatch.context() as patched:
