@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -111,8 +111,9 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-# The product's flags: (name, annotation, default); `eval_flags` puts them on a command.
-EVAL_FLAGS: tuple[tuple[str, Any, Any], ...] = (
+# The product's flags: (name, annotation); `eval_flags` puts them on a command, each defaulting
+# to its `EvalRun` field.
+EVAL_FLAGS: tuple[tuple[str, Any], ...] = (
     (
         "data",
         Annotated[
@@ -124,7 +125,6 @@ EVAL_FLAGS: tuple[tuple[str, Any, Any], ...] = (
                 readable=True,
             ),
         ],
-        None,
     ),
     (
         "limit",
@@ -136,11 +136,10 @@ EVAL_FLAGS: tuple[tuple[str, Any, Any], ...] = (
                 min=1,
             ),
         ],
-        DEFAULT_LIMIT,
     ),
-    ("k", Annotated[int, typer.Option(help="passages per prompt", min=1)], 5),
-    ("seed", Annotated[int, typer.Option(help="question sample and passage order")], 0),
-    ("use_ctxs", Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")], False),
+    ("k", Annotated[int, typer.Option(help="passages per prompt", min=1)]),
+    ("seed", Annotated[int, typer.Option(help="question sample and passage order")]),
+    ("use_ctxs", Annotated[bool, typer.Option(help="use each example's own ctxs instead of retrieval")]),
     (
         "warm_neighbours",
         Annotated[
@@ -151,21 +150,19 @@ EVAL_FLAGS: tuple[tuple[str, Any, Any], ...] = (
                 min=0,
             ),
         ],
-        None,
     ),
-    (
-        "variants",
-        Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")],
-        ",".join(DEFAULT_VARIANTS),
-    ),
-    ("max_new_tokens", Annotated[int, typer.Option(min=1)], 32),
-    ("out", Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")], Path("eval-results")),
-    (
-        "wide",
-        Annotated[bool, typer.Option(help="print every column, not the short table (the Markdown has both)")],
-        False,
-    ),
+    ("variants", Annotated[str, typer.Option(help="comma list of variants (listed below); full always runs")]),
+    ("max_new_tokens", Annotated[int, typer.Option(min=1)]),
+    ("out", Annotated[Path, typer.Option(help="directory for the JSON, Markdown and plot")]),
+    ("wide", Annotated[bool, typer.Option(help="print every column, not the short table (the Markdown has both)")]),
 )
+
+
+def _flag_default(name: str) -> Any:
+    """A product flag's default: its `EvalRun` field's."""
+    if name == "variants":  # a list in the run, comma-separated on the command line
+        return ",".join(DEFAULT_VARIANTS)
+    return next(f.default for f in fields(EvalRun) if f.name == name)
 
 
 def eval_flags(command: Command) -> Command:
@@ -173,12 +170,15 @@ def eval_flags(command: Command) -> Command:
     `kvboost-lab eval` adds its research flags beside them)."""
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "run"]
-    flags = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in EVAL_FLAGS]
+    flags = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_flag_default(name), annotation=annotation)
+        for name, annotation in EVAL_FLAGS
+    ]
     parameters = flags + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
 
     @functools.wraps(command)
     def with_run(**values: Any) -> Any:
-        given = {name: values.pop(name) for name, _, _ in EVAL_FLAGS}
+        given = {name: values.pop(name) for name, _ in EVAL_FLAGS}
         return command(**values, run=EvalRun(**given | {"variants": _names(given["variants"])}))
 
     with_run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]

@@ -67,7 +67,6 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     admission = Admission(engine.batcher.max_running, settings.max_waiting)  # the batch's bound, not a second one
     held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
     kept = KeptResponses()  # the conversations behind Responses API answers (previous_response_id)
-    settings_temperature = settings.temperature
     app = FastAPI(
         title="kvboost-rag",
         summary="OpenAI-compatible server with position-independent KV reuse",
@@ -199,17 +198,17 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         history = kept.history(body.previous_response_id) if body.previous_response_id else []
         conversation = history + body.input_messages()
         lead = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        settings = {
+        echoed = {  # the request's settings, as the response object repeats them
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
             "previous_response_id": body.previous_response_id,
-            "temperature": body.temperature if body.temperature is not None else settings_temperature,
+            "temperature": body.temperature if body.temperature is not None else settings.temperature,
             "top_p": body.top_p if body.top_p is not None else 1.0,
             "store": body.store is not False,
             "metadata": body.metadata or {},
             "user": body.user,
         }
-        writer = ResponseWriter(new_id("resp"), served, settings)
+        writer = ResponseWriter(new_id("resp"), served, echoed)
 
         def done(result: GenerationResult) -> None:
             if body.store is not False:

@@ -124,19 +124,18 @@ class ResponseWriter:
         self.created = int(time.time())
         self.text, self._sequence = "", 0
 
-    def response(self, status: str, result: GenerationResult | None = None) -> dict[str, Any]:
-        """The response object; its output and usage once `result` is known."""
-        output = [self._message("completed" if result else "in_progress")] if result else []
+    def response(self, result: GenerationResult | None = None) -> dict[str, Any]:
+        """The response object: in progress, or with its output and usage once `result` is known."""
         incomplete = result is not None and result.finish_reason in ("length", "timeout")
         return {
             "id": self.response_id,
             "object": "response",
             "created_at": self.created,
-            "status": "incomplete" if incomplete and status == "completed" else status,
+            "status": "in_progress" if result is None else "incomplete" if incomplete else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "error": None,
             "model": self.model,
-            "output": output,
+            "output": [self._message("completed")] if result else [],
             "parallel_tool_calls": False,
             "tool_choice": "none",
             "tools": [],
@@ -165,7 +164,7 @@ class ResponseWriter:
     def start(self) -> str:
         """The events that open the stream: the response created and in progress, its message."""
         self.text = ""
-        created = self.response("in_progress")
+        created = self.response()
         item = {**self._message("in_progress"), "content": []}
         return (
             self._event("response.created", response=created)
@@ -193,7 +192,7 @@ class ResponseWriter:
 
     def finish(self, result: GenerationResult) -> list[str]:
         self.text = result.text
-        done = self.response("completed", result)
+        done = self.response(result)
         kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
         return [
             self._event(
@@ -221,4 +220,4 @@ class ResponseWriter:
 
     def whole(self, result: GenerationResult) -> dict[str, Any]:
         self.text = result.text
-        return self.response("completed", result)
+        return self.response(result)

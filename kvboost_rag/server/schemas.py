@@ -195,7 +195,7 @@ class ChatCompletionRequest(GenerationFields):
 
     @property
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self.given_limit()[0]
 
     def given_limit(self) -> tuple[int | None, str]:
         """The token limit the request named, and the field it came in."""
@@ -226,7 +226,8 @@ class CompletionRequest(GenerationFields):
 
     @property
     def token_limit(self) -> int:
-        return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default for completions
+        given = self.given_limit()[0]
+        return given if given is not None else 16  # OpenAI's default for completions
 
     def given_limit(self) -> tuple[int | None, str]:
         return self.max_tokens, "max_tokens"
@@ -311,7 +312,7 @@ class ResponsesRequest(Strict):
 
     @property
     def token_limit(self) -> int | None:
-        return self.max_output_tokens
+        return self.given_limit()[0]
 
     def given_limit(self) -> tuple[int | None, str]:
         return self.max_output_tokens, "max_output_tokens"
