@@ -205,3 +205,20 @@ def test_disk_budget_holds_while_warming(tiny_model_dir: Path, tmp_path: Path, p
     engine = tiny_engine(tiny_model_dir, cache, disk_budget_bytes=five_documents)
     engine.warm(corpus(passages, 40))
     assert DiskStore(cache, 16).total_bytes() <= five_documents * 1.05  # at most one check interval over
+
+
+def test_cli_warms_a_tenants_namespace(tiny_model_dir: Path, tmp_path: Path, passages: list[str]) -> None:
+    """`kvboost-rag warm --namespace`: only that namespace finds them; `cache stats` names it."""
+    folder, cache = tmp_path / "docs", tmp_path / "store"
+    folder.mkdir()
+    (folder / "a.txt").write_text(passages[0])
+    model = ["--store", str(cache), "--model", str(tiny_model_dir), "--dtype", "float32"]
+    warmed = run([*CLI, "warm", str(folder), "--namespace", "team-a", *model])
+    assert warmed.returncode == 0 and "1 warmed" in warmed.stdout, warmed.stderr
+    refused = run([*CLI, "warm", str(folder), "--namespace", "team a", *model])
+    assert refused.returncode == 2 and "namespace 'team a' is not a name" in refused.stderr
+    engine = tiny_engine(tiny_model_dir, cache)
+    assert engine.warm(passages[0], namespace="team-a").tokens_encoded == 0
+    assert engine.warm(passages[0]).tokens_encoded > 0, "the shared corpus did not have it"
+    stats = run([*CLI, "cache", "stats", "--store", str(cache)])
+    assert stats.returncode == 0 and f"{engine.name} [team-a]" in stats.stdout, stats.stdout

@@ -26,7 +26,7 @@ import pytest
 from kvboost_lab.http_server import free_port, serving_app
 from kvboost_rag import EngineConfig, KVBoostRAG
 from kvboost_rag.eval.prompt import rag_messages
-from kvboost_rag.server import ServerSettings, create_app
+from kvboost_rag.server import Access, ServerSettings, create_app
 from kvboost_rag.testing.engines import on_empty_store
 from kvboost_rag.testing.redis_server import local_redis
 
@@ -49,7 +49,7 @@ def new_engine(model: KVBoostRAG) -> KVBoostRAG:
 def server(engine: KVBoostRAG) -> Iterator[tuple[str, KVBoostRAG]]:
     """The default model behind an API key."""
     served = new_engine(engine)
-    with serving(served, ServerSettings(model_name="smollm", api_key=KEY)) as url:
+    with serving(served, ServerSettings(model_name="smollm", access=Access(api_keys=(KEY,)))) as url:
         yield url, served
 
 
@@ -475,7 +475,7 @@ def test_eight_streaming_clients_200_requests(tiny_engine: KVBoostRAG) -> None:
     assert failures == [] and len(ttfts) == 200
     # every answer counted, the clients' steps ran together, nothing left running or queued
     assert metric(metrics, 'kvboost:requests_total{route="/v1/chat/completions",status="200"}') == 200
-    assert metric(metrics, "kvboost:generation_tokens_total") == sum(alone[i].new_tokens for i in order)
+    assert metric(metrics, 'kvboost:generation_tokens_total{tenant=""}') == sum(alone[i].new_tokens for i in order)
     rows_total, steps = (
         metric(metrics, "kvboost:decode_step_rows_sum"),
         metric(metrics, "kvboost:decode_step_rows_count"),
@@ -549,7 +549,7 @@ def test_metrics_count_reused_prompt_tokens_and_store_hits(tiny_engine: KVBoostR
         root = url.removesuffix("/v1")
         page = httpx.get(root + "/metrics")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
-        assert "kvboost:store_hits" in page.text and metric(page.text, "kvboost:generation_tokens_total") == 0
+        assert "kvboost:store_hits" in page.text and "kvboost:generation_tokens_total{" not in page.text
         assert httpx.post(root + "/kvboost/warm", json={"documents": passages[:2], "neighbours": 0}).status_code == 200
         content = f"{passages[1]}\n\n{passages[0]}\n\nWhat are these about?"
         answer = httpx.post(
@@ -557,8 +557,8 @@ def test_metrics_count_reused_prompt_tokens_and_store_hits(tiny_engine: KVBoostR
         )
         assert answer.status_code == 200
         text = httpx.get(root + "/metrics").text
-    reused = metric(text, 'kvboost:prompt_tokens_total{kind="reused_approximate"}')
-    computed = metric(text, 'kvboost:prompt_tokens_total{kind="computed"}')
+    reused = metric(text, 'kvboost:prompt_tokens_total{kind="reused_approximate",tenant=""}')
+    computed = metric(text, 'kvboost:prompt_tokens_total{kind="computed",tenant=""}')
     assert reused > computed > 0 and reused + computed == answer.json()["usage"]["prompt_tokens"]
     assert metric(text, 'kvboost:store_hits_total{tier="memory"}') >= 2
     assert metric(text, "kvboost:time_to_first_token_seconds_count") == 1

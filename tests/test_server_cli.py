@@ -88,6 +88,10 @@ def test_serve_takes_the_engines_settings_by_the_command_lines_names(monkeypatch
         (["--verify-margin", "2"], "verify_margin must be in [0, 1]"),
         (["--temperature", "-1"], "temperature must be finite and >= 0"),
         (["--log-level", "loud"], "loud"),
+        (["--tenant", "team a=k1"], "namespace 'team a' is not a name"),
+        (["--tenant", "team-a=k1", "--api-key", "k1"], "a key is given twice"),
+        (["--tenant", "team-a"], "--tenant takes NAME=KEY"),
+        (["--tenants-file", "/no/such/tenants.json"], "tenants file /no/such/tenants.json"),
     ],
 )
 def test_bad_settings_are_usage_errors_before_anything_loads(

@@ -13,7 +13,7 @@ import pytest
 
 from kvboost_lab.http_server import serving_app
 from kvboost_rag import EngineConfig, KVBoostRAG, SamplingParams
-from kvboost_rag.server import ServerSettings, create_app
+from kvboost_rag.server import Access, ServerSettings, create_app
 
 KEY = "test-key"
 ORIGIN = "http://app.example"
@@ -36,7 +36,7 @@ def url(tiny: KVBoostRAG, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """A disk store (so prune has something to prune), greedy by default, one allowed origin."""
     store = str(tmp_path_factory.mktemp("store"))
     engine = KVBoostRAG(tiny.model, tiny.tokenizer, EngineConfig(store=store), name="tiny")
-    settings = ServerSettings(api_key=KEY, temperature=0.0, neighbours=0, allowed_origins=(ORIGIN,))
+    settings = ServerSettings(access=Access(api_keys=(KEY,)), temperature=0.0, neighbours=0, allowed_origins=(ORIGIN,))
     with serving(engine, settings) as root:
         yield root
 

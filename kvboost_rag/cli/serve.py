@@ -53,7 +53,26 @@ def serve(
     host: Annotated[str, typer.Option(envvar=env_var("host"))] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar=env_var("port"))] = 8000,
     api_key: Annotated[
-        str | None, typer.Option(envvar=env_var("api_key"), help="bearer token clients must send")
+        list[str] | None,
+        typer.Option(
+            envvar=env_var("api_key"),
+            help="bearer token with every right, repeated for several (in the environment: space-separated); "
+            "beside tenants it warms the shared corpus every tenant reads",
+        ),
+    ] = None,
+    tenant: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar=env_var("tenant"),
+            help="NAME=KEY, repeated: a tenant whose documents and prompts no other tenant finds, counts or lists",
+        ),
+    ] = None,
+    tenants_file: Annotated[
+        str | None,
+        typer.Option(
+            envvar=env_var("tenants_file"),
+            help='JSON {"tenants": {"name": "key" or ["keys"]}, "api_keys": ["keys"]}: keys kept off the command line',
+        ),
     ] = None,
     served_model_name: Annotated[
         str | None, typer.Option(envvar=env_var("served_model_name"), help="the name clients ask for")
@@ -117,11 +136,14 @@ def serve(
     run's start.
     Bodies are read as JSON whatever their Content-Type says (curl -d works). The API's schema is
     at /openapi.json; there is no /docs page (Swagger UI loads from a CDN, blank offline).
+    Tenants (--tenant, --tenants-file): each key's documents and prompts live in its own namespace
+    of every store tier; all read the shared corpus that --api-key holders and `kvboost-rag warm` fill.
     """
     try:
         import uvicorn
 
         from ..server import ServerSettings, create_app
+        from ..server.access import Access
         from ..server.listen import AnnouncingServer, CannotListen, bind, url
     except ImportError as error:
         raise typer.BadParameter(f"the server needs its extra: pip install 'kvboost-rag[server]' ({error})") from None
@@ -140,7 +162,7 @@ def serve(
             raise ValueError("--neighbours: neighbours are found by the bundled embedder: install kvboost-rag[eval]")
         settings = ServerSettings(
             served_model_name,
-            api_key,
+            Access.of(api_key or (), tenant or (), tenants_file),
             max_waiting,
             check_temperature(temperature),
             neighbours,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..engine.inputs import can_be_neighbour
+from ..engine.inputs import can_be_neighbour, check_namespace
 from ..neighbours import (
     BUNDLED_EMBEDDER,
     DEFAULT_NEIGHBOURS,
@@ -105,6 +105,13 @@ def warm(
         typer.Option(help="pin the documents (warm ones too): `cache prune` and memory budgets never evict them"),
     ] = False,
     fail_fast: Annotated[bool, typer.Option(help="stop at the first bad file or document")] = False,
+    namespace: Annotated[
+        str,
+        typer.Option(
+            help="a tenant's namespace (`serve --tenant`): only its requests find these documents; "
+            "default: the shared corpus every tenant reads",
+        ),
+    ] = "",
     *,
     options: dict[str, Any],
 ) -> None:
@@ -126,6 +133,7 @@ def warm(
         options["store"] = store_location(options.get("store"))
         found = document_files(paths)
         check_options(options)  # before the model loads, in the engine's words
+        check_namespace(namespace)
     except (TypeError, ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from error
     if found.skipped:
@@ -168,10 +176,12 @@ def warm(
         for batch, is_group in batches:
             try:
                 if is_group:
-                    report = engine.warm_together([batch], pin=pin, neighbours_from=how)
+                    report = engine.warm_together([batch], pin=pin, neighbours_from=how, namespace=namespace)
                 else:
                     after = [by_text[batch[0]]] if neighbours else None
-                    report = engine.warm(batch[0], pin=pin, neighbours=after, neighbours_from=how)
+                    report = engine.warm(
+                        batch[0], pin=pin, neighbours=after, neighbours_from=how, namespace=namespace
+                    )
             except (StoreSettingsError, StoreVersionError):
                 raise  # the store's, not the document's: no use going on
             except (ValueError, TypeError) as error:  # refused before any model work: nothing stored

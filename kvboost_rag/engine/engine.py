@@ -20,7 +20,7 @@ from ..hf.model import context_window, eos_ids, rotary_module
 from ..hf.packed_linear import pack_linear_layers
 from ..ops.sparse_decode import SparseDecode
 from ..plan.chunking import chunk_boundaries
-from ..plan.keys import KeySpace
+from ..plan.keys import Fingerprint, KeySpace
 from ..plan.matching import ReusePlan, plan_reuse
 from ..store.chunk_store import ChunkStore
 from ..store.location import StoreLocations
@@ -29,8 +29,9 @@ from .batching import Running
 from .compute import process_compute
 from .decode import DecodeObserver, Decoder
 from .documents import DocumentWriter
-from .inputs import check_documents, check_groups, check_real
+from .inputs import check_documents, check_groups, check_namespace, check_real
 from .keeping import AnswerKeeper
+from .namespaces import SHARED, Namespace, Namespaces
 from .prefill import PrefillRunner
 from .prompts import Prompt, PromptTokenizer, PromptTooLongError
 from .request import Asked, Request, RequestStats
@@ -98,16 +99,25 @@ class KVBoostRAG:
         )
         self.batcher = self._decoder.batcher  # the running batch: its size, listeners of its steps
         self._prompts = PromptTokenizer(tokenizer, name)
-        prefix_tokens = np.asarray(tokenizer(config.warm_prefix).input_ids if config.warm_prefix else [], np.int64)
-        # Warmed chunks depend on how they were cut, encoded and kept too: their keys say so.
-        cutting = f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}"
-        self.keys = KeySpace.derive(self.fingerprint, config.kv_quantization, prefix_tokens.tobytes(), cutting)
+        self._prefix_tokens = np.asarray(
+            tokenizer(config.warm_prefix).input_ids if config.warm_prefix else [], np.int64
+        )
+        self._namespaces = Namespaces(self._namespace)
+        self.keys = self._namespaces.shared.keys  # the shared namespace's
         self.document_fingerprint = self.keys.document
-        writer = DocumentWriter(store, self.keys, config.kv_quantization)
-        compute = self._compute
-        self._warmer = Warmer(model, tokenizer, writer, self.boundaries, compute, self.max_context, prefix_tokens)
-        self._keeper = AnswerKeeper(writer, self.boundaries, config.chunk_size, config.match_window)
-        self._settings_recorded = False
+
+    def _namespace(self, name: str) -> Namespace:
+        """A namespace's keys, warmer and keeper. Warmed chunks depend on how they were cut,
+        encoded and kept too: their keys say so."""
+        config, prefix_tokens = self.config, self._prefix_tokens
+        cutting = f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}"
+        keys = KeySpace.derive(self.fingerprint, config.kv_quantization, prefix_tokens.tobytes(), cutting, name)
+        writer = DocumentWriter(self.store, keys, config.kv_quantization)
+        model, compute = self.model, self._compute
+        warmer = Warmer(model, self.tokenizer, writer, self.boundaries, compute, self.max_context, prefix_tokens)
+        return Namespace(
+            name, keys, warmer, AnswerKeeper(writer, self.boundaries, config.chunk_size, config.match_window)
+        )
 
     @classmethod
     def from_pretrained(
@@ -149,28 +159,45 @@ class KVBoostRAG:
         pin: bool = False,
         neighbours: Sequence[Sequence[str]] | None = None,
         neighbours_from: str = "",
+        namespace: str = SHARED,
     ) -> WarmReport:
         """Encode each document in one pass and store it chunk by chunk; one already warm (however
         warmed) costs a lookup. `pin` keeps its chunks in memory whatever the budget. `neighbours[i]`:
         texts encoded before document i, such as its nearest in the user's index, so its KV has seen
         what it is usually retrieved with (FusionRAG); only the document's own KV is kept, with a
-        record of them and of `neighbours_from` (how they were found, e.g. "all-MiniLM-L6-v2")."""
+        record of them and of `neighbours_from` (how they were found, e.g. "all-MiniLM-L6-v2").
+        `namespace`: whose documents they are (`namespaces.py`); "" is the shared corpus."""
         texts = check_documents(documents)  # all of them, before the store or the model is touched
-        self._record_settings()
-        return self._warmer.warm(texts, pin=pin, neighbours=neighbours, neighbours_from=neighbours_from)
+        space = self._writing(namespace)
+        return space.warmer.warm(texts, pin=pin, neighbours=neighbours, neighbours_from=neighbours_from)
 
     def warm_together(
-        self, groups: Iterable[Iterable[str]], *, pin: bool = False, neighbours_from: str = ""
+        self,
+        groups: Iterable[Iterable[str]],
+        *,
+        pin: bool = False,
+        neighbours_from: str = "",
+        namespace: str = SHARED,
     ) -> WarmReport:
         """Warm groups of documents that are each other's neighbours (clusters of your index), each
         member after half its group or more, for ~2x plain warming's work (`Warmer.warm_together`)."""
         checked = check_groups(groups)
-        self._record_settings()
-        return self._warmer.warm_together(checked, pin=pin, neighbours_from=neighbours_from)
+        space = self._writing(namespace)
+        return space.warmer.warm_together(checked, pin=pin, neighbours_from=neighbours_from)
 
-    def _record_settings(self) -> None:
-        if not self._settings_recorded:
-            self._settings_recorded = record_settings(self.store, self.keys, self.config, self.name)
+    def namespace_fingerprints(self, namespace: str) -> frozenset[Fingerprint]:
+        """The fingerprints a namespace's chunks carry (its documents', its kept prompts'): its
+        rows of the store's stats."""
+        keys = self._namespaces[check_namespace(namespace)].keys
+        return frozenset((keys.model, keys.document))
+
+    def _writing(self, namespace: str) -> Namespace:
+        """The namespace about to store documents, its settings and name recorded in every tier."""
+        space = self._namespaces[check_namespace(namespace)]
+        if not space.settings_recorded:
+            label = f"{self.name} [{space.name}]" if space.name else self.name
+            space.settings_recorded = record_settings(self.store, self.fingerprint, space.keys, self.config, label)
+        return space
 
     # generation --------------------------------------------------------------------------
     def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
@@ -203,6 +230,7 @@ class KVBoostRAG:
         return_first_logits: bool = False,
         timeout_s: float | None = None,
         observer: DecodeObserver | None = None,
+        namespace: str = SHARED,
     ) -> GenerationStream:
         """Stream text deltas; bad input raises here, before any model work.
 
@@ -212,12 +240,14 @@ class KVBoostRAG:
         first token; `return_first_logits` keeps the first token's fp32 logits on the result, for
         evals; `timeout_s` ends decoding once that much time has passed (finish_reason "timeout");
         `observer` sees every decode step; `ignore_eos` decodes past end-of-sequence tokens (answers
-        of a fixed length, for benchmarks).
+        of a fixed length, for benchmarks); `namespace`: whose chunks it reuses beside the shared
+        corpus, and where its prompt is kept (`namespaces.py`).
         """
         started = time.perf_counter()
         settings = (max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, min_p, repetition_penalty)
         params = SamplingParams.given(sampling, settings)
         mode = self._check_mode(mode)
+        namespace = check_namespace(namespace)
         if timeout_s is not None and not check_real(timeout_s, "timeout_s") > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         tokens = self.tokenize_prompt(prompt)
@@ -236,6 +266,7 @@ class KVBoostRAG:
             return_first_logits=return_first_logits,
             started=started,
             deadline=started + timeout_s if timeout_s is not None else float("inf"),
+            namespace=namespace,
         )
         sparse = self.config.sparse_decode
         request = Request(
@@ -244,10 +275,10 @@ class KVBoostRAG:
         running = Running(request, self._run(request, observer or NO_OBSERVER))
         return GenerationStream(running, self.batcher, len(tokens))
 
-    def plan(self, prompt: Prompt, *, mode: Mode | None = None) -> ReusePlan:
+    def plan(self, prompt: Prompt, *, mode: Mode | None = None, namespace: str = SHARED) -> ReusePlan:
         """How a prompt would be served from the store now: which tokens are reused, and how."""
         tokens = self.tokenize_prompt(prompt)
-        return self._plan(tokens, self.boundaries(tokens), self._check_mode(mode))
+        return self._plan(tokens, self.boundaries(tokens), self._check_mode(mode), check_namespace(namespace))
 
     def next_token_logits(
         self, prompt: Prompt, *, mode: Mode | None = None, repair: RepairStrategy | RepairConfig | None = None
@@ -256,7 +287,7 @@ class KVBoostRAG:
         it ran; stores nothing. For evaluations of a prefill on its own."""
         mode = self._check_mode(mode)
         tokens = self.tokenize_prompt(prompt)
-        plan = self._plan(tokens, self.boundaries(tokens), mode)
+        plan = self._plan(tokens, self.boundaries(tokens), mode, SHARED)
         prefill = self._compute.run(
             self._prefill.run, tokens, plan, StageTimings(), self.config.repair.with_strategy(repair)
         )
@@ -285,7 +316,9 @@ class KVBoostRAG:
         timings = request.stats.timings
         mark = time.perf_counter()
         request.boundaries = self.boundaries(request.asked.tokens)
-        request.plan = plan = self._plan(request.asked.tokens, request.boundaries, request.asked.mode)
+        request.plan = plan = self._plan(
+            request.asked.tokens, request.boundaries, request.asked.mode, request.asked.namespace
+        )
         timings.lookup_s = time.perf_counter() - mark
         prefill = self._prefill.run(request.asked.tokens, plan, timings, request.asked.repair)
         request.cache, request.logits, request.slot_positions = prefill.cache, prefill.logits, prefill.slot_positions
@@ -302,7 +335,7 @@ class KVBoostRAG:
         max_new = min(request.asked.params.max_new_tokens, self.max_context - len(request.asked.tokens))
         yield from self._decoder.run(request, max_new, observer)
         if request.asked.store_prompt:
-            self._keeper.keep(request)
+            self._namespaces[request.asked.namespace].keeper.keep(request)
         return request.result()
 
     def _settle(self, request: Request) -> None:
@@ -326,6 +359,8 @@ class KVBoostRAG:
         if request.asked.return_first_logits:
             request.stats.first_logits = prefill.logits.cpu()
 
-    def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode) -> ReusePlan:
+    def _plan(self, tokens: np.ndarray, boundaries: list[int], mode: Mode, namespace: str) -> ReusePlan:
+        """A namespace's plan: its own chunks, and the shared corpus's moved."""
+        own, shared = self._namespaces[namespace].keys, self._namespaces.shared.keys
         with self.store.serving():  # the plan's chunks are not evicted while it is made
-            return plan_reuse(tokens, boundaries, self.store, self.keys, mode)
+            return plan_reuse(tokens, boundaries, self.store, own, mode, shared)

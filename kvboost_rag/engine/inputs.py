@@ -8,6 +8,7 @@ model as a raw error from deep inside them, and is never silently read as someth
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
@@ -169,3 +170,18 @@ def check_stop(value: Any) -> list[str]:
             raise ValueError(f"{name} is an empty string: stop strings must be non-empty (None means no stop)")
         check_text(stop, name)
     return list(stops)
+
+
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_namespace(namespace: Any) -> str:
+    """ "" (the shared namespace) or a name of 1-64 letters, digits, '_', '.' and '-' (not first)."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str, got {_kind(namespace)}")
+    if namespace and not NAMESPACE_PATTERN.fullmatch(namespace):
+        raise ValueError(
+            f"namespace {namespace!r} is not a name: 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return namespace

@@ -30,6 +30,7 @@ class Asked:
     return_first_logits: bool
     started: float  # perf_counter at the call: every time is measured from here
     deadline: float
+    namespace: str = ""  # whose chunks it reuses beside the shared ones, and where it is kept
 
 
 @dataclass(slots=True)

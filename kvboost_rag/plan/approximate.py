@@ -6,6 +6,7 @@ offset and in any order even when its edges were tokenized differently inside th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,8 +18,11 @@ if TYPE_CHECKING:
     from ..store.entry import ChunkEntry
 
 
-def approximate_segments(tokens: np.ndarray, start: int, store: ChunkLookup, fingerprint: Fingerprint) -> list[Segment]:
-    """The runs of `tokens` from `start` on that stored chunks of this key space hold."""
+def approximate_segments(
+    tokens: np.ndarray, start: int, store: ChunkLookup, fingerprints: Sequence[Fingerprint]
+) -> list[Segment]:
+    """The runs of `tokens` from `start` on that stored chunks of these key spaces hold (a
+    namespace's own, then the shared one's: each window is looked up under each)."""
     window = store.match_window
     # NOTE: windows are indexed every `window` tokens of an entry, so the scan resumes window - 1
     # tokens before what is covered (the EXACT chunks, then each run found): the rest of an entry
@@ -28,17 +32,21 @@ def approximate_segments(tokens: np.ndarray, start: int, store: ChunkLookup, fin
     scan = max(0, start - window + 1)
     if len(tokens) - scan < window:
         return []
-    keys = window_keys(fingerprint, tokens[scan:], window)
-    store.prefetch(keys)
+    keyed = [(fingerprint, window_keys(fingerprint, tokens[scan:], window)) for fingerprint in fingerprints]
+    store.prefetch([key for _, keys in keyed for key in keys])
     segments: list[Segment] = []
     covered = start
     i = scan
-    while i - scan < len(keys):
+    while i - scan < len(keyed[0][1]):
         best: list[Segment] = []
         gain, placed = 0, False
-        for entry, offset in store.window_candidates(keys[i - scan]):
-            if entry.fingerprint != fingerprint:
-                continue  # an 8-byte window key collided with another key space's
+        candidates = [
+            (entry, offset)
+            for fingerprint, keys in keyed
+            for entry, offset in store.window_candidates(keys[i - scan])
+            if entry.fingerprint == fingerprint  # else an 8-byte window key collided with another key space's
+        ]
+        for entry, offset in candidates:
             run = _extend_match(tokens, i, entry, offset, covered, store)
             beyond = _from(run, covered)
             new = sum(map(len, beyond))

@@ -126,7 +126,13 @@ class KeySpace:
     document: Fingerprint
 
     @classmethod
-    def derive(cls, model: Fingerprint, quantization: str | None, warm_prefix: bytes, chunking: str) -> KeySpace:
+    def derive(
+        cls, model: Fingerprint, quantization: str | None, warm_prefix: bytes, chunking: str, namespace: str = ""
+    ) -> KeySpace:
+        """`namespace` ("": the shared one) is in every key, so two namespaces never find, count or
+        list each other's chunks in any tier: a tenant's documents are another tenant's misses."""
+        if namespace:
+            model = fingerprint_from_parts([model, f"namespace:{namespace}"])
         stored_kv = fingerprint_from_parts([model, f"kv:{quantization or 'dense'}"])
         return cls(model, stored_kv, fingerprint_from_parts([stored_kv, warm_prefix, chunking]))
 

@@ -55,8 +55,11 @@ def plan_reuse(
     store: ChunkLookup | None,
     keys: KeySpace,
     mode: Mode,
+    shared: KeySpace | None = None,
 ) -> ReusePlan:
-    """The segments covering all of `tokens`; the last token is always computed (its logits)."""
+    """The segments covering all of `tokens`; the last token is always computed (its logits).
+    `shared`: another key space whose chunks are found too, moved (a shared corpus beside a
+    namespace's own); EXACT hits come from `keys` alone."""
     n = len(tokens)
     cached: list[Segment] = []
     found: list[Segment] = []
@@ -65,7 +68,8 @@ def plan_reuse(
         cached, exact_chunks = _exact_segments(tokens, boundaries, store, keys)
         if mode == "reuse":
             start = cached[-1].end if cached else 0
-            found = approximate_segments(tokens, start, store, keys.document)
+            spaces = [keys] if shared is None or shared == keys else [keys, shared]
+            found = approximate_segments(tokens, start, store, [space.document for space in spaces])
             cached += _head(tokens, found, store, keys) if not cached else []
             cached += _in_place_exact(tokens, found, keys)
     cached = _leave_last_token(cached, n)

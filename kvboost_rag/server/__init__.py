@@ -1,5 +1,6 @@
 """An OpenAI-compatible HTTP server over one engine (`kvboost-rag serve`); needs the `server` extra."""
 
+from .access import Access
 from .app import ServerSettings, create_app
 
-__all__ = ["ServerSettings", "create_app"]
+__all__ = ["Access", "ServerSettings", "create_app"]

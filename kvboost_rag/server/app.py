@@ -12,7 +12,6 @@ scripts from a CDN, which a server without internet cannot reach (a blank page).
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ from ..engine import GenerationStream, KVBoostRAG, PromptTooLongError
 from ..engine.cancellation import Cancelled, cancellable
 from ..engine.result import GenerationResult
 from ..neighbours import HeldDocuments
+from .access import OPEN, Access, Caller
 from .admission import Admission
 from .bodies import JSONBodies
 from .body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
@@ -46,7 +46,7 @@ Writer = ChunkWriter | ResponseWriter
 @dataclass(slots=True)
 class ServerSettings:
     model_name: str | None = None  # the name clients send; None: the engine's
-    api_key: str | None = None
+    access: Access = field(default_factory=Access)  # keys and tenants (`access.py`); none: open
     max_waiting: int = 16  # requests queued past the engine's `max_running`; past them, 429
     temperature: float = DEFAULT_TEMPERATURE  # for requests that name none: OpenAI's default
     neighbours: int | None = None  # for warm requests that name none (None: 4 where the embedder is installed)
@@ -65,8 +65,10 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     limits = WarmLimits(settings.max_warm_documents, settings.max_warm_bytes)
     served = settings.model_name or engine.name
     admission = Admission(engine.batcher.max_running, settings.max_waiting)  # the batch's bound, not a second one
-    held = HeldDocuments()  # documents warmed here: later warm requests find neighbours among them
+    # documents warmed here, per namespace: later warm requests find neighbours among them
+    held: dict[str, HeldDocuments] = {}
     kept = KeptResponses()  # the conversations behind Responses API answers (previous_response_id)
+    access = settings.access
     app = FastAPI(
         title="kvboost-rag",
         summary="OpenAI-compatible server with position-independent KV reuse",
@@ -89,22 +91,33 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
             expose_headers=["Retry-After"],
         )
 
-    def authorized(request: Request) -> None:
-        if settings.api_key is None:
-            return
+    def authorized(request: Request) -> Caller:
+        if access.open:
+            return OPEN
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), settings.api_key):
+        caller = access.caller(token.strip()) if scheme.lower() == "bearer" else None
+        if caller is None:
             raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+        return caller
+
+    def store_wide(caller: Caller = Depends(authorized)) -> Caller:
+        """Routes whose figures or effects span every tenant: API keys only, where tenants are set."""
+        if access.tenanted and not caller.admin:
+            raise APIError(403, "This route spans every tenant: it takes an API key", type="permission_error")
+        return caller
 
     def check_model(name: str) -> None:
         if name != served:
             raise APIError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
 
-    def start(prompt: Any, body: Generation) -> GenerationStream:
+    def start(prompt: Any, body: Generation, caller: Caller) -> GenerationStream:
         """The engine's stream, every argument checked: a refusal here is a 4xx before any model work."""
         try:
-            stream = engine.stream(prompt, **stream_arguments(body, settings.temperature))
+            arguments = stream_arguments(body, settings.temperature)
+            if not caller.keeps_prompts:
+                arguments["store_prompt"] = False
+            stream = engine.stream(prompt, **arguments, namespace=caller.namespace)
         except PromptTooLongError as error:
             raise APIError(400, str(error), param="messages", code="context_length_exceeded") from None
         except (TypeError, ValueError) as error:
@@ -134,7 +147,12 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
             )
 
     async def run(
-        prompt: Any, body: Generation, request: Request, writer: Writer, done: Callable[[GenerationResult], None]
+        prompt: Any,
+        body: Generation,
+        request: Request,
+        caller: Caller,
+        writer: Writer,
+        done: Callable[[GenerationResult], None],
     ) -> Any:
         """The answer to one generation request, streamed by `writer` or whole; `done(result)`
         once it is complete."""
@@ -142,12 +160,12 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         body.refuse_unsupported()
         admission.enter()
         try:  # tokenized and templated in a worker thread: the event loop keeps answering others
-            stream = await anyio.to_thread.run_sync(start, prompt, body)
+            stream = await anyio.to_thread.run_sync(start, prompt, body, caller)
         except BaseException:
             admission.leave()
             raise
         if body.stream:
-            events = _events(stream, writer, admission, Stop(stopping), metrics, done)
+            events = _events(stream, writer, admission, Stop(stopping), metrics, done, caller.namespace)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         stop = Stop(stopping)
         try:
@@ -155,7 +173,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         finally:
             await _close(stream)
             admission.leave()
-        metrics.finished(result)
+        metrics.finished(result, caller.namespace)
         done(result)
         return writer.whole(result)
 
@@ -167,7 +185,7 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": served, "active_requests": admission.active}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(store_wide)] if access.tenanted else [])
     async def prometheus() -> Response:
         return Response(metrics.scrape(), media_type=CONTENT_TYPE)
 
@@ -182,20 +200,23 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
         check_model(name)
         return card
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(
+        body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authorized)
+    ) -> Any:
         # the engine keeps each turn's new tokens and answer, so the next turn reuses its history
-        return await run(body.chat_messages(), body, request, chunk_writer(body, True), _nothing)
+        return await run(body.chat_messages(), body, request, caller, chunk_writer(body, True), _nothing)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await run(body.prompt_text(), body, request, chunk_writer(body, False), _nothing)
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request, caller: Caller = Depends(authorized)) -> Any:
+        return await run(body.prompt_text(), body, request, caller, chunk_writer(body, False), _nothing)
 
-    @app.post("/v1/responses", dependencies=[Depends(authorized)])
-    async def responses(body: ResponsesRequest, request: Request) -> Any:
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request, caller: Caller = Depends(authorized)) -> Any:
         """The Responses API: `previous_response_id` continues a kept conversation (`turns.py`)."""
         # a previous response's instructions are not carried over (as OpenAI's are not): this request's lead
-        history = kept.history(body.previous_response_id) if body.previous_response_id else []
+        previous = body.previous_response_id
+        history = kept.history(previous, caller.namespace) if previous else []
         conversation = history + body.input_messages()
         lead = [{"role": "system", "content": body.instructions}] if body.instructions else []
         echoed = {  # the request's settings, as the response object repeats them
@@ -212,18 +233,23 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
 
         def done(result: GenerationResult) -> None:
             if body.store is not False:
-                kept.keep(writer.response_id, [*conversation, {"role": "assistant", "content": result.text}])
+                answered = [*conversation, {"role": "assistant", "content": result.text}]
+                kept.keep(writer.response_id, caller.namespace, answered)
 
-        return await run(lead + conversation, body, request, writer, done)
+        return await run(lead + conversation, body, request, caller, writer, done)
 
-    @app.post("/kvboost/warm", dependencies=[Depends(authorized)])
-    async def warm(body: WarmRequest, request: Request) -> dict[str, Any]:
-        """Model work in admission like a generation, stopped between documents (`warming.py`)."""
+    @app.post("/kvboost/warm")
+    async def warm(body: WarmRequest, request: Request, caller: Caller = Depends(authorized)) -> dict[str, Any]:
+        """Model work in admission like a generation, stopped between documents (`warming.py`);
+        into the caller's namespace, each document among its nearest of that namespace only."""
         limits.check(body)
+        among = held.setdefault(caller.namespace, HeldDocuments())
         admission.enter()
         try:
             report = await run_watched(
-                request, Stop(stopping), lambda: warm_with_neighbours(engine, body, held, settings.neighbours)
+                request,
+                Stop(stopping),
+                lambda: warm_with_neighbours(engine, body, among, settings.neighbours, caller.namespace),
             )
         except (TypeError, ValueError) as error:
             raise APIError(400, str(error), param="documents") from None
@@ -231,12 +257,21 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
             admission.leave()
         return {**asdict(report), "encoded_documents": report.encoded_documents}
 
-    @app.get("/kvboost/store", dependencies=[Depends(authorized)])
-    async def store_stats() -> dict[str, Any]:
-        tiers = [{"tier": type(t).__name__, "models": [asdict(m) for m in t.stats()]} for t in engine.store.tiers]
-        return {"memory": asdict(engine.store.stats()), "persistent": tiers}
+    @app.get("/kvboost/store")
+    async def store_stats(caller: Caller = Depends(authorized)) -> dict[str, Any]:
+        """The whole store for an API key (or an open server); a tenant's own chunks for a tenant."""
+        own = None if caller.admin else engine.namespace_fingerprints(caller.namespace)
 
-    @app.post("/kvboost/store/prune", dependencies=[Depends(authorized)])
+        def figures() -> dict[str, Any]:
+            tiers = [
+                {"tier": type(t).__name__, "models": [asdict(m) for m in t.stats() if _among(m.fingerprint, own)]}
+                for t in engine.store.tiers
+            ]
+            return {"memory": asdict(engine.store.stats(own)), "persistent": tiers}
+
+        return await anyio.to_thread.run_sync(figures)  # a tier's stats scan it: off the event loop
+
+    @app.post("/kvboost/store/prune", dependencies=[Depends(store_wide)])
     async def prune(body: PruneRequest) -> dict[str, Any]:
         tiers = engine.store.tiers
         if not tiers:
@@ -248,6 +283,11 @@ def create_app(engine: KVBoostRAG, settings: ServerSettings | None = None) -> Fa
 
 
 _END = object()
+
+
+def _among(fingerprint: str, own: Any) -> bool:
+    """Whether a tier's row (its fingerprint's first 16 hex digits) is of these fingerprints (None: any)."""
+    return own is None or any(fingerprint == mine.hex()[: len(fingerprint)] for mine in own)
 
 
 def _next_delta(stream: GenerationStream, stop: Stop) -> Any:
@@ -264,6 +304,7 @@ async def _events(
     stop: Stop,
     metrics: ServingMetrics,
     done: Callable[[GenerationResult], None],
+    namespace: str,
 ) -> AsyncIterator[str]:
     """SSE events as tokens come. A client that goes away cancels this at its next await: the
     token being computed finishes (the thread is not abandoned), then the stream is closed, so
@@ -275,7 +316,7 @@ async def _events(
         while (delta := await anyio.to_thread.run_sync(_next_delta, stream, stop)) is not _END:
             yield writer.delta(delta)
         assert stream.result is not None
-        metrics.finished(stream.result)
+        metrics.finished(stream.result, namespace)
         done(stream.result)
         for event in writer.finish(stream.result):
             yield event

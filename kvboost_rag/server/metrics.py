@@ -35,8 +35,12 @@ class ServingMetrics:
         self.latency = Histogram("kvboost:e2e_request_latency_seconds", "To last token", buckets=_SECONDS, registry=reg)
         self.steps = Histogram("kvboost:decode_step_seconds", "A step of the batch", buckets=_STEPS, registry=reg)
         self.step_rows = Histogram("kvboost:decode_step_rows", "Requests in one step", buckets=_ROWS, registry=reg)
-        self.prompt_tokens = Counter("kvboost:prompt_tokens", "Prompt tokens by how served", ["kind"], registry=reg)
-        self.completion_tokens = Counter("kvboost:generation_tokens", "Tokens generated", registry=reg)
+        self.prompt_tokens = Counter(
+            "kvboost:prompt_tokens", "Prompt tokens by how served, by tenant", ["kind", "tenant"], registry=reg
+        )
+        self.completion_tokens = Counter(
+            "kvboost:generation_tokens", "Tokens generated, by tenant", ["tenant"], registry=reg
+        )
         self.drafted_tokens = Counter(
             "kvboost:draft_tokens", "Tokens drafted from prompts, by whether answers took them", ["taken"], registry=reg
         )
@@ -51,11 +55,11 @@ class ServingMetrics:
         self.steps.observe(seconds)
         self.step_rows.observe(rows)
 
-    def finished(self, result: GenerationResult) -> None:
-        """A generation's figures, once it is done."""
+    def finished(self, result: GenerationResult, tenant: str = "") -> None:
+        """A generation's figures, once it is done; `tenant`: its namespace ("": the shared one)."""
         self.ttft.observe(result.ttft_s)
         self.latency.observe(result.total_s)
-        self.completion_tokens.inc(result.new_tokens)
+        self.completion_tokens.labels(tenant).inc(result.new_tokens)
         self.drafted_tokens.labels("yes").inc(result.accepted_tokens)
         self.drafted_tokens.labels("no").inc(result.drafted_tokens - result.accepted_tokens)
         kinds = {
@@ -65,7 +69,7 @@ class ServingMetrics:
             "repaired": result.repair_tokens,
         }
         for kind, tokens in kinds.items():
-            self.prompt_tokens.labels(kind).inc(tokens)
+            self.prompt_tokens.labels(kind, tenant).inc(tokens)
 
     def scrape(self) -> bytes:
         return generate_latest(self.registry)

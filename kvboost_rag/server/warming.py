@@ -58,12 +58,12 @@ class WarmLimits:
 
 
 def warm_with_neighbours(
-    engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments, default: int | None = None
+    engine: KVBoostRAG, body: WarmRequest, held: HeldDocuments, default: int | None = None, namespace: str = ""
 ) -> WarmReport:
     """The documents warmed among their nearest in the request and among those this server warmed
     before, as `kvboost-rag warm` warms a corpus (in groups of mutual neighbours): as
     many as the request says, else `default` (`serve --neighbours`), else 4 where the bundled
-    embedder is installed (else each alone)."""
+    embedder is installed (else each alone). Into `namespace`, among `held`: its documents only."""
     count = body.neighbours if body.neighbours is not None else default
     if count is None:
         count = DEFAULT_NEIGHBOURS if embedder_installed() else 0
@@ -75,15 +75,15 @@ def warm_with_neighbours(
     # the embedder and the index on the thread of the model's passes (`engine.compute`)
     nearest = process_compute().run(held.nearest, documents, count, can_be_neighbour) if count else None
     if not nearest or not any(nearest):
-        return engine.warm(documents, pin=body.pin)
+        return engine.warm(documents, pin=body.pin, namespace=namespace)
     by_text = dict(zip(documents, nearest))
     groups = groups_among(documents, lambda text: by_text[text])
     grouped = {text for group in groups for text in group}
     groups += [[text] for text in dict.fromkeys(documents) if text not in grouped]  # blank: refused, with a reason
     # every text is checked before any model work, as `warm` checks them: a bad one is a 400, nothing stored
-    report = engine.warm_together(groups, neighbours_from=found_by(BUNDLED_EMBEDDER, count))
+    report = engine.warm_together(groups, neighbours_from=found_by(BUNDLED_EMBEDDER, count), namespace=namespace)
     if body.pin:  # the request's documents, now warm (a lookup each), not the neighbours they were warmed among
-        engine.warm(documents, pin=True)
+        engine.warm(documents, pin=True, namespace=namespace)
     held_members = len(grouped - set(documents))  # documents warmed before, standing in a group as context
     repeated = len(documents) - len(set(documents))  # a repeated document is found warm, as `warm` finds it
     report.documents += repeated - held_members

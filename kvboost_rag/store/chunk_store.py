@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Literal, TypeVar
 
-from ..plan.keys import ContentHash, PrefixHash, WindowKey
+from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey
 from .entry import ChunkEntry, DocumentRecord
 from .eviction import EvictionWeights
 from .failures import FailureLog
@@ -193,9 +193,10 @@ class ChunkStore:
             self.safely(tier, "closing", tier.close, None)
 
     # memory ------------------------------------------------------------------------------
-    def stats(self) -> MemoryStats:
-        """The memory tier's; each persistent tier reports its own (`ChunkTier.stats`)."""
-        return self.memory.stats()
+    def stats(self, fingerprints: Collection[Fingerprint] | None = None) -> MemoryStats:
+        """The memory tier's (of these fingerprints' chunks only, where given); each persistent
+        tier reports its own (`ChunkTier.stats`)."""
+        return self.memory.stats(fingerprints)
 
     def __iter__(self) -> Iterator[ChunkEntry]:
         return iter(self.memory)

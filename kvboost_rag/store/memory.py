@@ -13,12 +13,12 @@ from __future__ import annotations
 import heapq
 import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from ..plan.keys import ContentHash, PrefixHash, WindowKey, indexed_window_keys
+from ..plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, indexed_window_keys
 from .entry import ChunkEntry, DocumentRecord
 from .eviction import EvictionWeights, Usage, keep_score
 
@@ -159,10 +159,22 @@ class MemoryTier:
             self._documents[record.doc_key] = list(record.chunks)
 
     # bookkeeping -------------------------------------------------------------------------
-    def stats(self) -> MemoryStats:
+    def stats(self, fingerprints: Collection[Fingerprint] | None = None) -> MemoryStats:
+        """Of every chunk, or of the chunks and documents of these fingerprints only (a namespace's:
+        scans the tier; evictions are counted tier-wide)."""
         with self._lock:
-            pinned = sum(u.pinned for u in self._usage.values())
-            return MemoryStats(len(self._entries), self._bytes, len(self._documents), self._evictions, pinned)
+            if fingerprints is None:
+                pinned = sum(u.pinned for u in self._usage.values())
+                return MemoryStats(len(self._entries), self._bytes, len(self._documents), self._evictions, pinned)
+            ids = [i for i, entry in self._entries.items() if entry.fingerprint in fingerprints]
+            documents = sum(
+                bool(chunks)
+                and (first := self._by_content.get(chunks[0])) is not None
+                and self._entries[first].fingerprint in fingerprints
+                for chunks in self._documents.values()
+            )
+            size = sum(self._entries[i].nbytes for i in ids)
+            return MemoryStats(len(ids), size, documents, self._evictions, sum(self._usage[i].pinned for i in ids))
 
     def __iter__(self) -> Iterator[ChunkEntry]:
         with self._lock:

@@ -77,14 +77,17 @@ def _open_disk(root: str, config: EngineConfig, device: torch.device) -> DiskSto
         return None
 
 
-def record_settings(store: ChunkStore, keys: KeySpace, config: EngineConfig, name: str = "") -> bool:
-    """Write down, in every persistent tier, the settings documents are about to be stored with,
-    and `name` (the model's) for the fingerprints its chunks carry, which `cache stats` shows;
-    False where a tier could not be written (a warning; tried again at the next warm)."""
+def record_settings(
+    store: ChunkStore, model: Fingerprint, keys: KeySpace, config: EngineConfig, name: str = ""
+) -> bool:
+    """Write down, in every persistent tier, the settings documents of `model` are about to be
+    stored with, and `name` for the fingerprints chunks of `keys` carry (a namespace's), which
+    `cache stats` shows; False where a tier could not be written (a warning; tried again at the
+    next warm)."""
     settings = KeySettings.of(config)
 
     def write(tier: ChunkTier) -> bool:
-        tier.record_settings(keys.model, settings)
+        tier.record_settings(model, settings)
         if name:
             tier.record_names((keys.model, keys.document), name)
         return True

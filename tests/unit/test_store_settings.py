@@ -100,7 +100,7 @@ def test_open_store_adopts_what_an_earlier_engine_recorded(fakes, tmp_path) -> N
     first_config = EngineConfig(store=root, chunk_size=64, match_window=8, chunking="semantic")
     store, config = open_store(first_config, fakes.model_fp, torch.device("cpu"))
     assert config is first_config and len(store.tiers) == 1 and store.match_window == 8
-    record_settings(store, fakes.keys, config)
+    record_settings(store, fakes.keys.model, fakes.keys, config)
     store.tiers[0].close()
 
     store, config = open_store(EngineConfig(store=root), fakes.model_fp, torch.device("cpu"))
@@ -126,7 +126,9 @@ def test_a_memory_only_store_has_no_tier() -> None:
 def test_record_settings_reaches_every_tier(fakes, tmp_path) -> None:
     disks = [DiskStore(tmp_path / name, match_window=4) for name in "ab"]
     store = ChunkStore(1 << 20, 4, tiers=disks)
-    record_settings(store, fakes.keys, EngineConfig(chunk_size=32, match_window=4), name="unit-test-model")
+    record_settings(
+        store, fakes.keys.model, fakes.keys, EngineConfig(chunk_size=32, match_window=4), name="unit-test-model"
+    )
     for disk in disks:
         assert disk.recorded_settings(fakes.model_fp) == [KeySettings("fixed", 32, 16, None, "")]
         assert disk.index.model_names() == {fakes.model_fp: "unit-test-model", fakes.doc_fp: "unit-test-model"}
