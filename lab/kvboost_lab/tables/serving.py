@@ -81,3 +81,18 @@ def memory_under_load(data: dict[str, Any]) -> str:
         f"held {data['memory_tier_bytes'] / gib:.2f} GiB ({data['memory_tier_entries']} chunks). RSS at each tenth "
         f"of the run (GiB): {tenths}."
     )
+
+
+def tenants(data: dict[str, Any]) -> str:
+    """Tenant B asking the prompts of documents tenant A warmed, beside tenant C who never saw them."""
+    median = data["median_s"]
+    return (
+        f"{data['questions']} NQ prompts (k={data['k']}), one token each, asked by tenants B and C in alternating "
+        f"order; tenant A warmed their documents. Median time: B {median['b']:.3f} s, C {median['c']:.3f} s, "
+        f"A {median['a']:.3f} s (A / C {data['a_over_c']:.2f}x). B - C paired: median "
+        f"{data['b_minus_c_median_s'] * 1000:+.1f} ms, standard deviation {data['b_minus_c_stdev_s'] * 1000:.1f} ms, "
+        f"B faster on {data['b_faster_than_c']} of {data['questions']}. Cached tokens B had beyond C's: "
+        f"{data['cached_tokens_b_beyond_c']} (medians: A {data['cached_tokens_median']['a']:.0f}, "
+        f"B {data['cached_tokens_median']['b']:.0f}, C {data['cached_tokens_median']['c']:.0f}: each tenant's own "
+        "template head)."
+    )
