@@ -5,7 +5,8 @@ tenants. A warms the documents of --questions NQ questions (k each). Then, per q
 ask the same prompt (A's documents, B and C never warmed or sent them) in alternating order, and A
 asks it too. A leak would show as B faster than C, or as cached tokens B has and C has not; A's
 times show how large the difference reuse makes is. Each request is one token long (its time is
-its time to first token) and is timed around the HTTP call.
+its time to first token) and is timed around the HTTP call. Whether B's and C's times differ:
+Wilcoxon's signed-rank test on the pairs and the two-sample Kolmogorov-Smirnov test (scipy).
 
 JSON: benchmarks/results/bench_tenants.json (or --out).
 """
@@ -38,7 +39,7 @@ def ask(url: str, key: str, model: str, messages: Any) -> tuple[float, int]:
 
 
 def main() -> None:
-    p = harness.parser(__doc__, questions=24, k=5, seed=7, out="bench_tenants.json", dtype=False)
+    p = harness.parser(__doc__, questions=50, k=5, seed=7, out="bench_tenants.json", dtype=False)
     args = harness.parse(p)
     nq = harness.draw_nq(args.questions + 2, args.k, args.seed)
     prompts = [nq.prompt(i, args.seed) for i in range(len(nq))]
@@ -66,7 +67,10 @@ def main() -> None:
                 row[f"{tenant}_s"], row[f"{tenant}_cached"] = ask(url, KEYS[tenant], model, prompts[i])
             rows.append(row)
             print(row)
+    from scipy import stats
+
     differences = [row["b_s"] - row["c_s"] for row in rows]
+    b_times, c_times = [row["b_s"] for row in rows], [row["c_s"] for row in rows]
     spread = statistics.pstdev(differences)
     report = {
         "questions": len(rows),
@@ -76,6 +80,8 @@ def main() -> None:
         "b_minus_c_median_s": statistics.median(differences),
         "b_minus_c_stdev_s": spread,
         "b_faster_than_c": sum(d < 0 for d in differences),
+        "wilcoxon_p": float(stats.wilcoxon(b_times, c_times).pvalue),
+        "ks_p": float(stats.ks_2samp(b_times, c_times).pvalue),
         "cached_tokens_b_beyond_c": sum(row["b_cached"] - row["c_cached"] for row in rows),
         "cached_tokens_median": {
             tenant: statistics.median(row[f"{tenant}_cached"] for row in rows) for tenant in "abc"
