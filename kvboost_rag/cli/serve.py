@@ -149,6 +149,7 @@ def serve(
         raise typer.BadParameter(f"the server needs its extra: pip install 'kvboost-rag[server]' ({error})") from None
     from ..engine.compute import process_compute
     from ..engine.inputs import check_temperature
+    from ..heap import release_freed_memory
     from ..neighbours import embedder_installed
     from ..options import build_engine, check_options
 
@@ -179,6 +180,7 @@ def serve(
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(1) from None
     with sock:
+        release_freed_memory()  # a server frees tensors all day: glibc would keep them (heap.py)
         # every forward pass on one thread of its own, the model loaded there too (engine/compute.py)
         process_compute().dedicate()
         engine = process_compute().run(build_engine, options)
