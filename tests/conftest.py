@@ -30,20 +30,6 @@ def passages() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, engine: KVBoostRAG):
     """A small random Llama with the default tokenizer: fast enough for many processes."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from kvboost_lab.tiny_model import save_tiny_llama
 
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=len(engine.tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    engine.tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), engine.tokenizer)

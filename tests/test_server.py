@@ -497,6 +497,7 @@ def test_cli_serve_reads_its_settings_from_the_environment_and_shares_a_redis_st
             "KVBOOST_RAG_PORT": str(port),
             "KVBOOST_RAG_STORE": redis_server.url,
             "KVBOOST_RAG_API_KEY": KEY,
+            "KVBOOST_RAG_TENANT": "team-a=key-a team-b=key-b",  # a list: space-separated
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "kvboost_rag.cli", "serve", "--model", str(tiny_model_dir), "--dtype", "float32"],
@@ -525,6 +526,10 @@ def test_cli_serve_reads_its_settings_from_the_environment_and_shares_a_redis_st
             assert redis_server.client().dbsize() > 0, "warmed into the shared Redis store"
             stats = httpx.get(f"http://127.0.0.1:{port}/kvboost/store", headers=headers).json()
             assert [(t["tier"], t["models"][0]["documents"]) for t in stats["persistent"]] == [("RedisStore", 1)]
+            tenant = {"Authorization": "Bearer key-b"}
+            mine = httpx.get(f"http://127.0.0.1:{port}/kvboost/store", headers=tenant).json()
+            assert mine["persistent"] == [{"tier": "RedisStore", "models": []}], "b lists nothing of the shared warm"
+            assert httpx.get(f"http://127.0.0.1:{port}/metrics", headers=tenant).status_code == 403
         finally:
             process.terminate()
             process.wait(timeout=30)
