@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvboost_rag import KVBoostRAG, StoreSettingsError
-from kvboost_rag.store.disk.index import DiskIndex, StoreVersionError
-from kvboost_rag.store.settings import SCHEMA_VERSION
+from kvboost_rag.store.disk.index import INDEX_SCHEMA_VERSION, DiskIndex, StoreVersionError
 
 
 def open_engine(model_dir: Path, store: Path, **options: object) -> KVBoostRAG:
@@ -104,9 +103,9 @@ def test_unknown_options_are_named(tiny_model_dir: Path) -> None:
 
 def test_the_index_records_its_schema_and_refuses_a_newer_one(tmp_path: Path) -> None:
     index = DiskIndex(tmp_path / "index.sqlite")
-    assert index.meta("schema_version") == str(SCHEMA_VERSION)
+    assert index.meta("schema_version") == str(INDEX_SCHEMA_VERSION)
     index.close()
     with sqlite3.connect(tmp_path / "index.sqlite") as db:
-        db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(INDEX_SCHEMA_VERSION + 1),))
     with pytest.raises(StoreVersionError, match="upgrade"):
         DiskIndex(tmp_path / "index.sqlite")

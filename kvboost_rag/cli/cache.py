@@ -151,11 +151,6 @@ def _print_disk(summary: DiskSummary) -> None:
         typer.echo(f"written with ({model}): {settings}")
     if not summary.has_index:
         typer.echo("no index beside the chunk files: `kvboost-rag cache verify` rebuilds it from them")
-    elif summary.orphan_files:
-        typer.echo(
-            f"{summary.orphan_files} chunk files no index row names "
-            "(`kvboost-rag cache verify` indexes them again once 10 minutes old)"
-        )
     if summary.has_index and summary.read_only:
         typer.echo("(read-only)")
 

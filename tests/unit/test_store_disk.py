@@ -15,9 +15,9 @@ import torch
 from kvboost_rag.ops.quantization import QuantizedTensor, quantize_keys, quantize_values
 from kvboost_rag.plan.keys import ContentHash, prefix_hash, window_keys
 from kvboost_rag.store.disk import DiskStore
-from kvboost_rag.store.disk.index import DiskIndex, StoreVersionError
+from kvboost_rag.store.disk.index import INDEX_SCHEMA_VERSION, DiskIndex, StoreVersionError
 from kvboost_rag.store.entry import ALONE, DocumentRecord, WarmedAfter, value_norm
-from kvboost_rag.store.settings import SCHEMA_VERSION, KeySettings
+from kvboost_rag.store.settings import KeySettings
 
 
 @pytest.fixture()
@@ -208,11 +208,11 @@ def test_schema_version_and_match_window_are_recorded(tmp_path) -> None:
     store = DiskStore(root, match_window=8)
     assert store.match_window is None, "a new store"
     assert store.window == 8
-    assert store.index.meta("schema_version") == str(SCHEMA_VERSION)
+    assert store.index.meta("schema_version") == str(INDEX_SCHEMA_VERSION)
     assert store.index.meta("match_window") == "8"
     store.close()
     assert dict(sql(root, "SELECT name, value FROM meta")) == {
-        "schema_version": str(SCHEMA_VERSION),
+        "schema_version": str(INDEX_SCHEMA_VERSION),
         "match_window": "8",
     }
 
@@ -242,7 +242,7 @@ def test_a_new_store_without_a_window_gets_the_default(tmp_path) -> None:
 def test_a_store_from_a_newer_schema_is_refused(tmp_path) -> None:
     root = tmp_path / "store"
     DiskStore(root).close()
-    sql(root, "UPDATE meta SET value = ? WHERE name = 'schema_version'", str(SCHEMA_VERSION + 1))
+    sql(root, "UPDATE meta SET value = ? WHERE name = 'schema_version'", str(INDEX_SCHEMA_VERSION + 1))
     with pytest.raises(StoreVersionError, match="upgrade"):
         DiskStore(root)
 
@@ -254,7 +254,7 @@ def test_a_v1_store_with_entries_is_read_with_the_window_of_16(fakes, tmp_path) 
     store.close()
     sql(root, "DELETE FROM meta")  # as a store from before the schema was recorded
     index = DiskIndex(root / "index.sqlite")
-    assert (index.meta("schema_version"), index.meta("match_window")) == (str(SCHEMA_VERSION), "16")
+    assert (index.meta("schema_version"), index.meta("match_window")) == (str(INDEX_SCHEMA_VERSION), "16")
     index.close()
     store = DiskStore(root, match_window=4)
     assert store.window == 16
@@ -317,3 +317,70 @@ def test_a_chunk_written_before_warming_was_recorded_reads_as_warmed_alone(fakes
         loaded = disk.get(entry.content_hash)
         assert loaded is not None and loaded.warmed_after == read_as, older
     assert WarmedAfter(40).neighbour_in(set()), "neighbours not named: taken as present, as before"
+
+
+def scanned(store: DiskStore) -> list[tuple]:
+    """The totals as a scan of every row finds them (what `stats` read before it kept totals)."""
+    return sorted((bytes(fp), *rest) for fp, *rest in store.index._scanned_totals())
+
+
+def kept(store: DiskStore) -> list[tuple]:
+    return sorted((bytes(fp), *rest) for fp, *rest in sql(store.root, "SELECT * FROM totals WHERE chunks OR documents"))
+
+
+def test_stats_are_kept_totals_equal_to_a_scan_through_writes_pins_and_prunes(fakes, disk) -> None:
+    documents = [fakes.document(40, band=i + 1) for i in range(4)]
+    for d in documents:
+        for e in d.entries:
+            disk.put(e)
+        disk.put_document(d.record)
+    assert kept(disk) == scanned(disk) and disk.stats()[0].documents == 4
+    disk.pin_document(documents[0].record.doc_key)
+    disk.put_document(documents[1].record)  # recorded again: still one document
+    disk.remove(documents[2].entries[0].content_hash)  # no longer whole
+    assert kept(disk) == scanned(disk)
+    stats = disk.stats()[0]
+    assert stats.documents == 3 and stats.pinned_chunks == len(documents[0].entries)
+    disk.prune(0)
+    assert kept(disk) == scanned(disk) and disk.stats()[0].documents == 1, "the pinned one"
+    assert disk.total_bytes() == disk.stats()[0].bytes == sum(row[2] for row in scanned(disk))
+
+
+def test_an_index_of_schema_2_is_upgraded_once_to_the_same_totals(fakes, tmp_path) -> None:
+    root = tmp_path / "store"
+    store = DiskStore(root, match_window=4)
+    documents = [fakes.document(40, band=i + 1) for i in range(3)]
+    for d in documents:
+        for e in d.entries:
+            store.put(e)
+        store.put_document(d.record)
+    store.remove(documents[1].entries[0].content_hash)
+    expected = store.stats()
+    store.close()
+    for statement in (
+        "DROP TABLE totals",
+        "DROP TABLE document_chunks",
+        "UPDATE meta SET value = '2' WHERE name = 'schema_version'",
+    ):
+        sql(root, statement)  # as kvboost-rag wrote it before the totals
+    read_only = DiskIndex(root / "index.sqlite", read_only=True)
+    assert not read_only.has_totals and read_only.stats() == expected, "scanned where it cannot be upgraded"
+    read_only.close()
+    upgraded = DiskStore(root)
+    assert upgraded.index.meta("schema_version") == str(INDEX_SCHEMA_VERSION)
+    assert upgraded.stats() == expected and kept(upgraded) == scanned(upgraded)
+    upgraded.close()
+
+
+def test_verify_and_prune_walk_the_store_a_page_at_a_time(fakes, disk, monkeypatch) -> None:
+    from kvboost_rag.store.disk import index as index_module
+
+    monkeypatch.setattr(index_module, "PAGE", 2)
+    entries = [fakes.entry(fakes.tokens(16, band=i + 1)) for i in range(5)]
+    for e in entries:
+        disk.put(e)
+    pages = list(disk.index.key_pages())
+    assert [len(p) for p in pages] == [2, 2, 1] and {k for p in pages for k in p} == {e.content_hash for e in entries}
+    assert disk.verify(orphan_age_s=0).checked == 5
+    assert disk.index.least_recently_used(3) == disk.index.least_recently_used(3)[:3]
+    assert disk.prune(0) == 5 and disk.total_bytes() == 0

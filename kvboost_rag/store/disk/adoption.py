@@ -76,11 +76,10 @@ def take_back_strays(index: DiskIndex, root: Path, window: int, grace_s: float) 
     """Chunk files no row names, older than `grace_s` (younger ones may be a live writer's, about to
     be indexed): a whole chunk is indexed again, with the documents it completes; what is no chunk
     is removed unless its writer still runs. (indexed again, removed)."""
-    indexed = index.files()
     cutoff = time.time() - grace_s
     adopted = removed = 0
-    for path in (root / "kv").rglob("*"):
-        if not path.is_file() or str(path.relative_to(root)) in indexed or path.stat().st_mtime > cutoff:
+    for path in (root / "kv").rglob("*"):  # NOTE: a lookup a file, never the whole index in memory
+        if not path.is_file() or index.names_file(str(path.relative_to(root))) or path.stat().st_mtime > cutoff:
             continue
         try:
             adopted += index_chunk_file(index, root, path, window)

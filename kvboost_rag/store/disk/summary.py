@@ -1,5 +1,6 @@
-"""What a disk store holds, read from its index alone (no chunk is loaded, torch is not imported):
-`kvboost-rag cache stats` answers at once, and on a path that holds no store creates nothing."""
+"""What a disk store holds, read from its index's totals alone (no chunk is loaded or listed, torch
+is not imported): `kvboost-rag cache stats` answers at once at any size, and on a path that holds
+no store creates nothing. Stray chunk files are `verify`'s to find (a walk of every file)."""
 
 from __future__ import annotations
 
@@ -21,16 +22,14 @@ def holds_store(root: Path) -> bool:
 
 def orphan_files(root: Path, index: DiskIndex) -> int:
     """Chunk files no index row names (a write killed before indexing; `verify` removes them)."""
-    indexed = index.files()
     files = (p for p in (root / CHUNKS_DIR).rglob("*") if p.is_file())
-    return sum(str(p.relative_to(root)) not in indexed for p in files)
+    return sum(not index.names_file(str(p.relative_to(root))) for p in files)
 
 
 @dataclass(slots=True)
 class DiskSummary:
     root: Path
     models: list[ModelStats]
-    orphan_files: int
     read_only: bool
     has_index: bool  # False: chunk files without an index (`verify` rebuilds it from them)
     # how each model's documents were written (what an engine opened with no settings adopts):
@@ -39,7 +38,7 @@ class DiskSummary:
 
 
 def summarize(root: Path) -> DiskSummary:
-    """The store's models (by name where recorded), chunk and byte counts, and stray files. An index
+    """The store's models (by name where recorded), chunk and byte counts. An index
     that can be written is opened so (it sees writes still in the log); one that cannot, or a missing
     one (not created here), read-only."""
     path = root / INDEX_FILE
@@ -52,6 +51,6 @@ def summarize(root: Path) -> DiskSummary:
             (names.get(model) or model.hex()[:16], ", ".join(f"{k}={v!r}" for k, v in asdict(recorded).items()))
             for model, recorded in index.all_settings()
         ]
-        return DiskSummary(root, index.stats(), orphan_files(root, index), read_only, has_index, settings)
+        return DiskSummary(root, index.stats(), read_only, has_index, settings)
     finally:
         index.close()

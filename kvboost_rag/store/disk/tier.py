@@ -206,10 +206,11 @@ class DiskStore:
         whole chunk is indexed again (with its documents), and only what is no chunk is removed:
         a partial file of a writer no longer running."""
         report = VerifyReport()
-        for key in self.index.all_keys():
-            report.checked += 1
-            if self.get(ContentHash(key)) is None:
-                report.dropped.append(key.hex())
+        for page in self.index.key_pages():
+            for key in page:
+                report.checked += 1
+                if self.get(ContentHash(key)) is None:
+                    report.dropped.append(key.hex())
         report.adopted, report.orphans_removed = take_back_strays(self.index, self.root, self.window, orphan_age_s)
         return report
 
@@ -219,12 +220,15 @@ class DiskStore:
             return 0
         evicted = 0
         total = self.total_bytes()
-        for key, size in self.index.eviction_order():
-            if total <= budget_bytes:
-                break
-            self.remove(ContentHash(key))
-            total -= size
-            evicted += 1
+        last: bytes | None = None
+        while total > budget_bytes and (batch := self.index.least_recently_used()) and batch[0][0] != last:
+            last = batch[0][0]  # a batch that comes back unchanged evicted nothing: stop
+            for key, size in batch:  # a batch at a time: the store is never listed whole
+                if total <= budget_bytes:
+                    break
+                self.remove(ContentHash(key))
+                total -= size
+                evicted += 1
         self._stored_bytes = total
         return evicted
 

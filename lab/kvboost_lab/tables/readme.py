@@ -31,7 +31,7 @@ from .decode import (
 from .format import Column, columns_table, em_diff_with_interval, get
 from .quality import attention, dtype, eval_summary, multiturn, selection, ttft, verify, where
 from .serving import memory_under_load, server_limits, serving, tenants
-from .tiers import budget, redis_tier, store, warming
+from .tiers import budget, redis_tier, store, store_scale, warming
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
@@ -51,6 +51,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench_server_limits": server_limits,
     "bench_memory_under_load": memory_under_load,
     "bench_tenants": tenants,
+    "bench_store_scale": store_scale,  # before "bench_store": the first matching prefix renders
     "bench_batch_step": batch_step,
     "alone_vs_batched": alone_vs_batched,
     "decode_ab": decode_ab,

@@ -133,3 +133,28 @@ def warming(data: dict[str, Any]) -> str:
             f"{turns}; the tokens encoded: {data['together_x_plain_tokens']:.2f}x plain's); the slowest way ran once."
         )
     return notes + "\n\n" + columns_table(columns, [{"name": name, **row} for name, row in data["rows"].items()])
+
+
+STORE_SCALE: list[Column] = [
+    ("documents", get("documents"), "{:,}"),
+    ("written/s", get("fill_documents_per_s"), "{:,.0f}"),
+    ("lookup p50", get("lookup_ms_p50"), "{:.1f} ms"),
+    ("lookup p99", get("lookup_ms_p99"), "{:.1f} ms"),
+    ("warm again", get("rewarm_ms_per_document"), "{:.2f} ms/doc"),
+    ("warm new", get("warm_new_ms_per_document"), "{:.2f} ms/doc"),
+    ("`cache stats`", get("stats", "s"), "{:.2f} s"),
+    ("its RSS", lambda row: row["stats"]["peak_rss_bytes"] / 2**20, "{:,.0f} MiB"),
+    ("`verify`", get("verify", "s"), "{:.1f} s"),
+    ("its RSS", lambda row: row["verify"]["peak_rss_bytes"] / 2**20, "{:,.0f} MiB"),
+    ("`prune` 1%", get("prune", "s"), "{:.1f} s"),
+    ("its RSS", lambda row: row["prune"]["peak_rss_bytes"] / 2**20, "{:,.0f} MiB"),
+    ("index", lambda row: row["index_bytes"] / 2**20, "{:,.0f} MiB"),
+    ("chunk files", lambda row: row["chunk_file_bytes"] / 2**20, "{:,.0f} MiB"),
+]
+
+
+def store_scale(data: dict[str, Any]) -> str:
+    """The store's own costs as the corpus grows (`bench_store_scale.py`)."""
+    return f"A {data['store']} store, {data['model']}; each row the same store grown\n\n" + columns_table(
+        STORE_SCALE, data["rows"]
+    )
