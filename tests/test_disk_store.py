@@ -12,7 +12,10 @@ import time
 import warnings
 from pathlib import Path
 
+import torch
+
 from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag.plan.keys import ContentHash
 from kvboost_rag.store.disk import DiskStore
 
 CLI = [sys.executable, "-m", "kvboost_rag.cli"]
@@ -222,3 +225,29 @@ def test_cli_warms_a_tenants_namespace(tiny_model_dir: Path, tmp_path: Path, pas
     assert engine.warm(passages[0]).tokens_encoded > 0, "the shared corpus did not have it"
     stats = run([*CLI, "cache", "stats", "--store", str(cache)])
     assert stats.returncode == 0 and f"{engine.name} [team-a]" in stats.stdout, stats.stdout
+
+
+def test_cli_shards_warm_one_corpus_as_one_process_does(
+    tiny_model_dir: Path, tmp_path: Path, passages: list[str]
+) -> None:
+    """`kvboost-rag warm --shard I/N` in N processes at once: every document once, in the groups one
+    process makes, each chunk's KV equal to one process's."""
+    write_jsonl(tmp_path / "corpus.jsonl", passages[:12])
+    model = ["--model", str(tiny_model_dir), "--dtype", "float32", "--neighbours", "2"]
+    one = run([*CLI, "warm", str(tmp_path / "corpus.jsonl"), "--store", str(tmp_path / "one"), *model])
+    assert one.returncode == 0 and "12 warmed" in one.stdout, one.stderr
+    command = [*CLI, "warm", str(tmp_path / "corpus.jsonl"), "--store", str(tmp_path / "sharded"), *model]
+    shards = [subprocess.Popen([*command, "--shard", f"{i}/3"], stdout=subprocess.PIPE, text=True) for i in range(3)]
+    said = [shard.communicate(timeout=300)[0] for shard in shards]
+    assert all(shard.returncode == 0 for shard in shards), said
+    counts = [int(text.split(" documents (shard")[0].rsplit("\n", 1)[-1]) for text in said]
+    assert sum(counts) == 12 and all(f"(shard {i}/3)" in said[i] for i in range(3)), said
+    whole, parts = DiskStore(tmp_path / "one"), DiskStore(tmp_path / "sharded")
+    keys = {key for page in whole.index.key_pages() for key in page}
+    assert keys == {key for page in parts.index.key_pages() for key in page}
+    assert whole.stats()[0].documents == parts.stats()[0].documents == 12
+    for key in keys:
+        a, b = whole.get(ContentHash(key)), parts.get(ContentHash(key))
+        assert a is not None and b is not None and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    refused = run([*command, "--shard", "3/3"])
+    assert refused.returncode == 2 and "--shard takes I/N with 0 <= I < N" in refused.stderr

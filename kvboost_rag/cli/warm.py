@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -65,6 +66,23 @@ def _batches(texts: list[str], groups: list[list[str]]) -> list[tuple[list[str],
     return batches
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """`--shard I/N` as (I, N): this process warms the I-th of N parts (0 <= I < N)."""
+    index, sign, count = text.partition("/")
+    if not sign or not index.strip().isdigit() or not count.strip().isdigit() or not 0 <= int(index) < int(count):
+        raise ValueError(f"--shard takes I/N with 0 <= I < N (e.g. 0/4 ... 3/4), got {text!r}")
+    return int(index), int(count)
+
+
+def _in_shard(batch: list[str], shard: tuple[int, int]) -> bool:
+    """Whether a batch (a group, or a document alone) is this shard's: by a hash of its first
+    text, so every process, having made the same groups, takes a part no other takes."""
+    index, count = shard
+    return (
+        int.from_bytes(hashlib.sha256(batch[0].encode("utf-8", "surrogatepass")).digest()[:8], "big") % count == index
+    )
+
+
 @app.command()
 @table_options(
     "store",
@@ -112,6 +130,13 @@ def warm(
             "default: the shared corpus every tenant reads",
         ),
     ] = "",
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="I/N: warm the I-th of N parts (0-based), chosen by group, so N processes or machines (a Job "
+            "array, Slurm, Ray) warm one corpus into one store with the result one process would give",
+        ),
+    ] = None,
     *,
     options: dict[str, Any],
 ) -> None:
@@ -134,6 +159,7 @@ def warm(
         found = document_files(paths)
         check_options(options)  # before the model loads, in the engine's words
         check_namespace(namespace)
+        part = _shard(shard) if shard is not None else None
     except (TypeError, ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from error
     if found.skipped:
@@ -170,6 +196,10 @@ def warm(
     by_text = dict(zip(texts, nearest))
     groups = groups_among(texts, lambda text: by_text[text]) if neighbours and together and any(nearest) else []
     batches = _batches(texts, groups)
+    if part is not None:  # every process made the same groups (the neighbours of the whole corpus)
+        batches = [batch for batch in batches if _in_shard(batch[0], part)]
+        mine = {text for batch, _ in batches for text in batch}
+        documents = [(path, place, text) for path, place, text in documents if text in mine]
     # Progress in characters: proportional to the work, without tokenizing every document twice.
     total = sum(len(text) for batch, _ in batches for text in batch)
     with tqdm(total=total, unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
@@ -179,9 +209,7 @@ def warm(
                     report = engine.warm_together([batch], pin=pin, neighbours_from=how, namespace=namespace)
                 else:
                     after = [by_text[batch[0]]] if neighbours else None
-                    report = engine.warm(
-                        batch[0], pin=pin, neighbours=after, neighbours_from=how, namespace=namespace
-                    )
+                    report = engine.warm(batch[0], pin=pin, neighbours=after, neighbours_from=how, namespace=namespace)
             except (StoreSettingsError, StoreVersionError):
                 raise  # the store's, not the document's: no use going on
             except (ValueError, TypeError) as error:  # refused before any model work: nothing stored
@@ -199,8 +227,9 @@ def warm(
     engine.store.close()  # checkpointed: a read-only copy of the store sees every chunk
     warmed = len(documents) - skipped - failures.documents
     failed = f", {failures.documents} failed" if failures.documents else ""
+    of_shard = f" (shard {part[0]}/{part[1]})" if part is not None else ""
     typer.echo(
-        f"{len(documents)} documents from {len(files)} files: {warmed} warmed ({chunks} chunks), "
+        f"{len(documents)} documents{of_shard} from {len(files)} files: {warmed} warmed ({chunks} chunks), "
         f"{skipped} already warm{failed}. Store: {engine.config.store}"
     )
     if store_errors:
