@@ -21,6 +21,7 @@ from ..entry import DocumentRecord
 from ..format import read_record
 from .index import DiskIndex, EntryRow
 from .sidecars import read_sidecars, write_sidecar
+from .summary import chunk_files
 
 PINS = "pins"  # sidecar kind: {"doc_key", "chunks", "pinned"} per pinned (or unpinned) document
 
@@ -78,8 +79,8 @@ def take_back_strays(index: DiskIndex, root: Path, window: int, grace_s: float) 
     is removed unless its writer still runs. (indexed again, removed)."""
     cutoff = time.time() - grace_s
     adopted = removed = 0
-    for path in (root / "kv").rglob("*"):  # NOTE: a lookup a file, never the whole index in memory
-        if not path.is_file() or index.names_file(str(path.relative_to(root))) or path.stat().st_mtime > cutoff:
+    for path in chunk_files(root):  # NOTE: a lookup a file, never the whole index in memory
+        if index.names_file(str(path.relative_to(root))) or path.stat().st_mtime > cutoff:
             continue
         try:
             adopted += index_chunk_file(index, root, path, window)

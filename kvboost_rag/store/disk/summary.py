@@ -5,6 +5,7 @@ no store creates nothing. Stray chunk files are `verify`'s to find (a walk of ev
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,10 +21,17 @@ def holds_store(root: Path) -> bool:
     return (root / INDEX_FILE).is_file() or (root / CHUNKS_DIR).is_dir()
 
 
+def chunk_files(root: Path) -> Iterator[Path]:
+    """Every file under the store's chunk folder, one at a time. Not `Path.rglob`: before Python
+    3.13 it keeps every path it yielded in a set (~0.6 KB a file: 260 MiB for 441k chunk files)."""
+    for folder, _, names in os.walk(root / CHUNKS_DIR):
+        for name in names:
+            yield Path(folder, name)
+
+
 def orphan_files(root: Path, index: DiskIndex) -> int:
     """Chunk files no index row names (a write killed before indexing; `verify` removes them)."""
-    files = (p for p in (root / CHUNKS_DIR).rglob("*") if p.is_file())
-    return sum(not index.names_file(str(p.relative_to(root))) for p in files)
+    return sum(not index.names_file(str(p.relative_to(root))) for p in chunk_files(root))
 
 
 @dataclass(slots=True)
