@@ -188,8 +188,7 @@ class KVBoostRAG:
     def namespace_fingerprints(self, namespace: str) -> frozenset[Fingerprint]:
         """The fingerprints a namespace's chunks carry (its documents', its kept prompts'): its
         rows of the store's stats."""
-        keys = self._namespaces[check_namespace(namespace)].keys
-        return frozenset((keys.model, keys.document))
+        return frozenset(self._namespaces[check_namespace(namespace)].keys.entry_fingerprints)
 
     def _writing(self, namespace: str) -> Namespace:
         """The namespace about to store documents, its settings and name recorded in every tier."""

@@ -136,6 +136,12 @@ class KeySpace:
         stored_kv = fingerprint_from_parts([model, f"kv:{quantization or 'dense'}"])
         return cls(model, stored_kv, fingerprint_from_parts([stored_kv, warm_prefix, chunking]))
 
+    @property
+    def entry_fingerprints(self) -> tuple[Fingerprint, Fingerprint]:
+        """The fingerprints its entries carry: kept prompt chunks the model's, warmed documents' the
+        document's (what a store's stats are counted by)."""
+        return self.model, self.document
+
     def accepts(self, fingerprint: Fingerprint) -> bool:
         """Whether an entry with this fingerprint was made the way this engine would make it."""
-        return fingerprint in (self.model, self.document)
+        return fingerprint in self.entry_fingerprints

@@ -89,7 +89,7 @@ def record_settings(
     def write(tier: ChunkTier) -> bool:
         tier.record_settings(model, settings)
         if name:
-            tier.record_names((keys.model, keys.document), name)
+            tier.record_names(keys.entry_fingerprints, name)
         return True
 
     return all(store.safely(t, "recording settings", functools.partial(write, t), False) for t in store.tiers)

@@ -115,15 +115,13 @@ class DiskIndex:
                     # NOTE: a store from before the schema was recorded (v1) had the same tables and
                     # was always indexed with the default window of 16 tokens.
                     has_rows = self._db.execute("SELECT 1 FROM entries LIMIT 1").fetchone() is not None
-                    self._set_meta("schema_version", str(INDEX_SCHEMA_VERSION if not has_rows else SCHEMA_VERSION))
+                    self._set_meta("schema_version", str(SCHEMA_VERSION))
                     if has_rows:
                         self._set_meta("match_window", "16")
                     version = self.meta("schema_version")
-            if version is not None and int(version) < INDEX_SCHEMA_VERSION:
+            if version is not None and int(version) < INDEX_SCHEMA_VERSION:  # a new index takes this way too
                 self._upgrade()
                 version = self.meta("schema_version")
-            elif version is not None and int(version) == INDEX_SCHEMA_VERSION:
-                self._db.executescript(SCHEMA_3)
         self._identity = file_identity(path)  # None: no file (an empty read-only index, in memory)
         if version is not None and int(version) > INDEX_SCHEMA_VERSION:
             self._db.close()

@@ -61,7 +61,6 @@ class DiskStore:
         self.window = self.index.claim_match_window(match_window or 16)
         if not self.read_only and not (self.root / MANIFEST_FILE).exists():
             write_manifest(self.root, self.window)
-        self._stored_bytes: int | None = None  # the index's total, kept current between scans
         self._reopening = threading.Lock()
 
     def __str__(self) -> str:
@@ -88,7 +87,6 @@ class DiskStore:
 
                 rebuild_if_missing(self.root)
             self.index = DiskIndex(path)
-            self._stored_bytes = None
 
     # how it was written ------------------------------------------------------------------
     @property
@@ -146,10 +144,7 @@ class DiskStore:
             importance,
             str(path.relative_to(self.root)),
         )
-        inserted = self.index.insert(row, len(data), [(key, i * self.window) for i, key in enumerate(keys)])
-        if inserted and self._stored_bytes is not None:
-            self._stored_bytes += len(data)
-        return inserted
+        return self.index.insert(row, len(data), [(key, i * self.window) for i, key in enumerate(keys)])
 
     def remove(self, key: ContentHash) -> None:
         if self.read_only:
@@ -229,19 +224,17 @@ class DiskStore:
                 self.remove(ContentHash(key))
                 total -= size
                 evicted += 1
-        self._stored_bytes = total
         return evicted
 
     def _make_room(self, size: int) -> bool:
         """Whether `size` more bytes fit the budget, pruning least recently used chunks for them."""
         if self.budget_bytes is None:
             return True
-        if self._stored_bytes is None:
-            self._stored_bytes = self.total_bytes()  # NOTE: one scan; kept current from then on
-        if self._stored_bytes + size > self.budget_bytes:
-            # NOTE: down to 90%, so the scan that ranks chunks runs once per tenth of the budget.
+        # NOTE: the index's totals, every process's writes in them (a lookup, not a scan)
+        if self.total_bytes() + size > self.budget_bytes:
+            # NOTE: down to 90%, so a store at its budget prunes once per tenth of it, not per chunk.
             self.prune(min(self.budget_bytes - size, int(self.budget_bytes * 0.9)))
-        if self._stored_bytes + size > self.budget_bytes:
+        if self.total_bytes() + size > self.budget_bytes:
             warnings.warn(f"chunk store {self.root}: a {size}-byte chunk does not fit its budget; not stored")
             return False
         return True
