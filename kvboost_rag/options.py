@@ -22,8 +22,8 @@ from .config import (
     ChunkingStrategy,
     EngineConfig,
     ExactnessConfig,
+    KVFormat,
     Mode,
-    Quantization,
     RepairConfig,
     RepairStrategy,
     SparseDecodeConfig,
@@ -144,7 +144,12 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "step's logits and runs faster; no effect on a CPU.",
     ),
     _engine("warm_prefix", str, "Text encoded before every warmed document, its KV not kept."),
-    _engine("kv_quantization", Quantization, 'Warmed chunks kept quantized, "int8" or "int4"; None keeps them as is.'),
+    _engine(
+        "kv_quantization",
+        KVFormat,
+        'How warmed chunks are kept: "int8", "int4" (KIVI-quantized, approximate wherever they stand) or '
+        '"dense" (as computed).',
+    ),
     _engine(
         "store",
         str | Path,

@@ -1,5 +1,7 @@
-"""Shared fixtures: the embedded default model in fp32 with float weights, loaded once per test session
-(int4 weights, the default on a CPU, have their own tests: tests/test_weights.py)."""
+"""Shared fixtures: the embedded default model in fp32 with float weights and dense warmed KV, loaded
+once per test session, so reuse is checked against KV as computed (int4 weights, the default on a
+CPU, have their own tests: tests/test_weights.py; int8 KV at rest, the default store format, its
+own in tests/test_quantization.py, and every engine the tests build with default settings)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from kvboost_rag.testing.engines import on_empty_store
 
 @pytest.fixture(scope="session")
 def engine() -> KVBoostRAG:
-    return KVBoostRAG.from_pretrained(dtype="float32", weights="float", store="memory")
+    return KVBoostRAG.from_pretrained(dtype="float32", weights="float", store="memory", kv_quantization="dense")
 
 
 @pytest.fixture()

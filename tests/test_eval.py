@@ -413,6 +413,38 @@ def test_default_reads_documents_warmed_in_groups_and_nearest_its_own_store(
     assert shares["default"] == shares["nearest"] == shares["plain"], "nothing to warm after: every variant alone"
 
 
+def test_kv_kept_variants_read_stores_of_their_own_kept_that_way(
+    fresh_engine: KVBoostRAG, passages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvboost_rag.eval.data import QAExample
+    from kvboost_rag.records import Passage
+
+    examples = [QAExample("Question?", ("x",), tuple(Passage("", p) for p in passages[:4]))]
+    documents = [p.as_document() for p in examples[0].passages]
+    baseline = Baseline(RepairConfig(), ExactnessConfig.off())
+    chosen = variants(["default", "dense", "int8", "int4"], baseline, RESEARCH_VARIANTS)
+    assert [v.kept_as for v in chosen[1:]] == ["engine", "dense", "int8", "int4"]
+    readers: dict[str, object] = {}
+    generate = KVBoostRAG.generate
+
+    def spy(self: KVBoostRAG, prompt: object, **options: object) -> object:
+        if options.get("mode") == "reuse" and "repair" in options:
+            readers.setdefault(str(self.config.kv_quantization), self)
+        return generate(self, prompt, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(KVBoostRAG, "generate", spy)
+    engine = KVBoostRAG(fresh_engine.model, fresh_engine.tokenizer, fresh_engine.config, name=fresh_engine.name)
+    assert engine.config.kv_quantization is None
+    group_of = lambda d: documents  # noqa: E731
+    report = run_eval(
+        engine, examples, lambda i: documents, chosen, max_new_tokens=2, neighbours_for=group_of, group_of=group_of
+    )
+    assert set(readers) == {"None", "int8", "int4"} and readers["None"] is engine, "dense is the engine's own store"
+    assert report.records["dense"][0].first_token_kl == report.records["default"][0].first_token_kl
+    assert report.records["int4"][0].first_token_kl != report.records["default"][0].first_token_kl
+    assert report.records["int4"][0].reuse_share > 0.5, "the int4 store was warmed, in its own format"
+
+
 def test_sinks_is_the_default_with_each_moved_runs_first_tokens_recomputed() -> None:
     baseline = Baseline(RepairConfig(rho=0.2, check_layer=3), ExactnessConfig(verify_margin=0.1))
     default, sinks = variants(["default", "sinks"], baseline, RESEARCH_VARIANTS)[1:]

@@ -108,7 +108,7 @@ def test_other_families_reuse_like_the_default(
     tmp_path: Path, engine: KVBoostRAG, passages: list[str], family: str
 ) -> None:
     folder = save_tiny(tmp_path, engine, FAMILIES[family])
-    tiny = KVBoostRAG.from_pretrained(folder, dtype="float32", store="memory")
+    tiny = KVBoostRAG.from_pretrained(folder, dtype="float32", store="memory", kv_quantization="dense")
     document = "\n".join(passages[:3])
     tiny.warm(document)
     head = document + "\nQuestion?"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvboost_rag import EngineConfig, KVBoostRAG
+from kvboost_rag import KVBoostRAG
 from kvboost_rag.config import RepairConfig
 from kvboost_rag.eval.prompt import rag_messages
 from kvboost_rag.hf.cache import forward_last_logits, make_cache, stacked_kv
@@ -18,8 +18,8 @@ from kvboost_rag.store.entry import ALONE, WarmedAfter
 
 
 def in_memory(engine: KVBoostRAG) -> KVBoostRAG:
-    """Another engine on the same model with a store of its own (never the user's)."""
-    return KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store="memory"), name=engine.name)
+    """Another engine on the same model and settings with a store of its own (never the user's)."""
+    return KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store="memory"), name=engine.name)
 
 
 def kv_after(engine: KVBoostRAG, context: np.ndarray, tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -83,5 +83,15 @@ def test_engine_keeps_warmed_chunks_quantized(engine, passages) -> None:
         assert kl < (0.01 if kind == "int8" else 0.1), (kind, kl)
     shared = ChunkStore(2**30, 16)
     KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(kv_quantization="int8"), store=shared).warm(documents)
-    plain = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(), store=shared)
+    plain = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(kv_quantization="dense"), store=shared)
     assert plain.next_token_logits(prompt)[1].tokens("approximate") == 0, "quantized chunks are kept apart"
+
+
+def test_warmed_kv_is_kept_int8_unless_asked_otherwise() -> None:
+    from kvboost_rag import EngineConfig
+
+    assert EngineConfig().kv_quantization == "int8", "the store's format at rest by default (issue 55)"
+    assert EngineConfig(kv_quantization="dense").kv_quantization is EngineConfig(kv_quantization=None).kv_quantization
+    assert EngineConfig(kv_quantization="dense").explicit_fields() == {"kv_quantization"}
+    with pytest.raises(ValueError, match="kv_quantization must be 'dense', 'int8' or 'int4', got 'int2'"):
+        EngineConfig(kv_quantization="int2")  # type: ignore[arg-type]

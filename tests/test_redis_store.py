@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -204,6 +205,8 @@ def test_two_processes_and_four_concurrent_warmers_keep_one_copy(
     ]
     outputs = [w.communicate(timeout=300) for w in warmers]
     assert all(w.returncode == 0 for w in warmers), [o[1][-500:] for o in outputs]
+    warmed = [int(out.split(" warmed (")[0].rsplit(" ", 1)[-1]) for out, _ in outputs]
+    assert sum(warmed) == 12, f"each document encoded once, by the writer that claimed it: {warmed}"
     tier = RedisStore(server.url)
     in_process = worker(tiny_engine, "memory", repair="none")
     # as `kvboost-rag warm` does by default: groups of mutual neighbours of the corpus
@@ -250,7 +253,7 @@ def test_a_corrupted_truncated_or_misfiled_value_is_dropped_never_served(
 
 def test_evicted_keys_are_recomputed_under_maxmemory(tiny_engine: KVBoostRAG, passages: list[str]) -> None:
     with local_redis("--maxmemory", "3mb", "--maxmemory-policy", "volatile-lru") as small:
-        engine = worker(tiny_engine, small.url)
+        engine = worker(tiny_engine, small.url, kv_quantization="dense")  # the bytes the 3 MB are sized for
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # writes refused when only pinned or index keys are left
             report = engine.warm(passages[:30])  # far more than 3 MB of chunks
@@ -333,6 +336,27 @@ def test_a_three_node_cluster_holds_the_tier(tiny_engine: KVBoostRAG, passages: 
         tier = reader.store.tiers[0]
         assert isinstance(tier, RedisStore) and tier.verify().dropped == []
         assert tier.stats()[0].documents == 8
+        documents = [bytes([i]) * 32 for i in range(8)]  # in several hash slots
+        assert tier.claim(documents, "one", 60) == [True] * 8
+        assert tier.claim(documents[:2], "two", 60) == [False, False]
+
+
+def test_a_claim_is_one_writers_until_released_or_lapsed(server: LocalRedis) -> None:
+    tier, other = RedisStore(server.url), RedisStore(server.url)  # two workers
+    assert tier.claim([b"a" * 32, b"b" * 32], "one", 60) == [True, True]
+    assert other.claim([b"a" * 32, b"c" * 32], "two", 60) == [False, True], "a stands; c is free"
+    assert tier.claim([b"a" * 32], "one", 60) == [True], "renewed by its own writer"
+    other.release([b"a" * 32], "two")  # not its claim: nothing freed
+    assert other.claim([b"a" * 32], "two", 60) == [False]
+    tier.release([b"a" * 32], "one")
+    assert other.claim([b"a" * 32], "two", 60) == [True]
+    assert tier.claim([b"b" * 32], "one", 0.05) == [True]
+    time.sleep(0.1)  # a writer that died: its claim lapses
+    assert other.claim([b"b" * 32], "two", 60) == [True], "a lapsed claim is taken"
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert tier.claim([b"d" * 32], f"{socket.gethostname()}:{int(ended.stdout)}:x", 60) == [True]
+    assert other.claim([b"d" * 32], "two", 60) == [True], "a claim of a process of this host that ended is taken"
+    assert tier.stats() == [], "claims are not documents"
 
 
 def test_memory_then_disk_then_redis(

@@ -92,7 +92,11 @@ def test_long_document_spans_chunks_and_is_followed_across_them(fresh_engine: KV
 def test_other_chunkings_reuse_alike(engine: KVBoostRAG, passages: list[str], chunking: str) -> None:
     from kvboost_rag import EngineConfig
 
-    chunked = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(chunking=chunking, chunk_size=48, store="memory"))
+    chunked = KVBoostRAG(
+        engine.model,
+        engine.tokenizer,
+        EngineConfig(chunking=chunking, chunk_size=48, store="memory", kv_quantization="dense"),
+    )
     document = "\n".join(passages[16:19])
     report = chunked.warm(document)
     assert report.chunks_stored >= doc_token_count(chunked, document) // 64

@@ -94,9 +94,7 @@ def test_the_shared_corpus_is_read_by_every_tenant(tenanted: tuple[str, KVBoostR
     assert cached(root, KEY_B, private) == cached(root, KEY_B, question(passages[11])), "b's head only"
 
 
-def test_a_conversation_is_continued_by_its_tenant_only(
-    tenanted: tuple[str, KVBoostRAG], passages: list[str]
-) -> None:
+def test_a_conversation_is_continued_by_its_tenant_only(tenanted: tuple[str, KVBoostRAG], passages: list[str]) -> None:
     root, _ = tenanted
     first = client(root, KEY_A).responses.create(model="tiny", input=question(passages[12]), max_output_tokens=2)
     with pytest.raises(openai.BadRequestError) as refused:

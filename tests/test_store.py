@@ -90,7 +90,8 @@ def test_entry_larger_than_budget_is_not_stored() -> None:
 
 def test_engine_budget_holds_while_warming(engine: KVBoostRAG, passages: list[str]) -> None:
     budget = 20 * 1024**2
-    small = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=budget, store="memory"))
+    config = EngineConfig(memory_budget_bytes=budget, store="memory", kv_quantization="dense")
+    small = KVBoostRAG(engine.model, engine.tokenizer, config)
     small.warm(passages[:12])
     stats = small.store.stats()
     assert 0 < stats.bytes <= budget and stats.evictions > 0
@@ -99,7 +100,8 @@ def test_engine_budget_holds_while_warming(engine: KVBoostRAG, passages: list[st
 
 
 def test_pinned_documents_survive_warming_past_the_budget(engine: KVBoostRAG, passages: list[str]) -> None:
-    small = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(memory_budget_bytes=20 * 1024**2, store="memory"))
+    config = EngineConfig(memory_budget_bytes=20 * 1024**2, store="memory", kv_quantization="dense")
+    small = KVBoostRAG(engine.model, engine.tokenizer, config)
     small.warm(passages[0], pin=True)
     small.warm(passages[1:12])
     assert small.store.stats().evictions > 0

@@ -70,7 +70,7 @@ def test_a_quantized_store_adopted_with_no_settings_says_so_and_is_never_exact(
         f"written with ({tiny_model_dir}): chunking='fixed', chunk_size=128, adaptive_slack=16, "
         "kv_quantization='int4', warm_prefix=''"
     ]
-    dense = open_engine(tiny_model_dir, tmp_path / "dense")  # the same without quantization
+    dense = open_engine(tiny_model_dir, tmp_path / "dense", kv_quantization="dense")  # the same without quantization
     dense.warm(passages[:3])
     assert dense.plan(passages[0] + "\n\nAnd?").tokens("exact") > 0, "dense chunks in place stay EXACT"
 

@@ -146,9 +146,11 @@ def test_default_runs_int4_and_reuse_at_rho_one_is_full_prefill(int4_engine: KVB
 def test_weight_formats_never_share_kv(engine: KVBoostRAG, int4_engine: KVBoostRAG, tmp_path: Path) -> None:
     assert engine.fingerprint != int4_engine.fingerprint
     document = "The Treaty of Westphalia was signed in 1648 in Osnabrück and Münster, ending the war. " * 6
-    float_store = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store=str(tmp_path)))
+    float_store = KVBoostRAG(engine.model, engine.tokenizer, EngineConfig(store=str(tmp_path), kv_quantization="dense"))
     float_store.warm(document)
-    int4_store = KVBoostRAG(int4_engine.model, int4_engine.tokenizer, EngineConfig(store=str(tmp_path)))
+    int4_store = KVBoostRAG(
+        int4_engine.model, int4_engine.tokenizer, EngineConfig(store=str(tmp_path), kv_quantization="dense")
+    )
     assert int4_store.plan(document + " When was it signed?").tokens("approximate") == 0
     assert float_store.plan(document + " When was it signed?").tokens("exact") > 0
 

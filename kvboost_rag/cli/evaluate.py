@@ -322,6 +322,7 @@ def run_evaluation(
         model=engine.name,
         dtype=str(engine.dtype),
         weights=weight_format(engine.model),
+        kv_at_rest=engine.config.kept_as or "dense",  # how warmed chunks are kept (the default's)
         repair=str(baseline.repair),
         exactness=str(baseline.exactness),
         sweep_questions=min(sweep_limit, len(chosen)),

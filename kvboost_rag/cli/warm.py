@@ -191,7 +191,8 @@ def warm(
             )
     how = found_by(BUNDLED_EMBEDDER, neighbours)
     engine = build_engine(options)
-    skipped = chunks = store_errors = 0
+    from ..engine.result import WarmReport  # torch, loaded with the model: not for a bad path or --help
+
     where = {text: (path, place) for path, place, text in reversed(documents)}  # a text's first record
     by_text = dict(zip(texts, nearest))
     groups = groups_among(texts, lambda text: by_text[text]) if neighbours and together and any(nearest) else []
@@ -200,31 +201,47 @@ def warm(
         batches = [batch for batch in batches if _in_shard(batch[0], part)]
         mine = {text for batch, _ in batches for text in batch}
         documents = [(path, place, text) for path, place, text in documents if text in mine]
-    # Progress in characters: proportional to the work, without tokenizing every document twice.
-    total = sum(len(text) for batch, _ in batches for text in batch)
-    with tqdm(total=total, unit="char", unit_scale=True, desc=f"warm {len(documents)} docs") as bar:
-        for batch, is_group in batches:
-            try:
-                if is_group:
-                    report = engine.warm_together([batch], pin=pin, neighbours_from=how, namespace=namespace)
-                else:
-                    after = [by_text[batch[0]]] if neighbours else None
-                    report = engine.warm(batch[0], pin=pin, neighbours=after, neighbours_from=how, namespace=namespace)
-            except (StoreSettingsError, StoreVersionError):
-                raise  # the store's, not the document's: no use going on
-            except (ValueError, TypeError) as error:  # refused before any model work: nothing stored
-                if is_group:  # the bad member is found warming them one by one
-                    batches.extend(([text], False) for text in batch)
+    totals = WarmReport()  # what this run encoded, stored and found warm
+    # Batches another writer was encoding (its claims) come last, once the rest are done: by then
+    # they are warm, or this run waits for them.
+    later: list[tuple[list[str], bool, WarmReport | None]] = []
+    total = sum(len(batch) for batch, _ in batches)
+    with tqdm(total=total, unit="doc", desc=f"warm {len(documents)} docs") as bar:
+        first_pass: list[tuple[list[str], bool, WarmReport | None]] = [(batch, group, None) for batch, group in batches]
+        for wait, todo in ((False, first_pass), (True, later)):
+            for batch, is_group, first in todo:  # grows where a group is split into its members
+                try:
+                    if is_group:
+                        report = engine.warm_together(
+                            [batch], pin=pin, neighbours_from=how, namespace=namespace, wait=wait
+                        )
+                    else:
+                        after = [by_text[batch[0]]] if neighbours else None
+                        report = engine.warm(
+                            batch[0], pin=pin, neighbours=after, neighbours_from=how, namespace=namespace, wait=wait
+                        )
+                except (StoreSettingsError, StoreVersionError):
+                    raise  # the store's, not the document's: no use going on
+                except (ValueError, TypeError) as error:  # refused before any model work: nothing stored
+                    if is_group:  # the bad member is found warming them one by one
+                        todo.extend(([text], False, first) for text in batch)
+                        continue
+                    failures.documents += 1
+                    path, place = where[batch[0]]
+                    failures.report(path, f"{path}: {place + ': ' if place else ''}skipped: {error}")
+                    bar.update(1)
                     continue
-                failures.documents += 1
-                path, place = where[batch[0]]
-                failures.report(path, f"{path}: {place + ': ' if place else ''}skipped: {error}")
-            else:
-                skipped += report.skipped_documents
-                chunks += report.chunks_stored
-                store_errors += report.store_errors
-            bar.update(sum(len(text) for text in batch))
+                if first is not None:  # a batch come back to: only what it left to the other writer counts
+                    report.skipped_documents -= len(batch) - first.deferred_documents
+                    report.documents = first.deferred_documents
+                elif report.deferred_documents:
+                    later.append((batch, is_group, report))
+                totals.add(report)
+                bar.update(report.documents - report.deferred_documents)
+                elapsed = bar.format_dict["elapsed"] or 1e-9
+                bar.set_postfix_str(f"{totals.tokens_encoded / elapsed:,.0f} tokens/s", refresh=False)
     engine.store.close()  # checkpointed: a read-only copy of the store sees every chunk
+    skipped, chunks = totals.skipped_documents, totals.chunks_stored
     warmed = len(documents) - skipped - failures.documents
     failed = f", {failures.documents} failed" if failures.documents else ""
     of_shard = f" (shard {part[0]}/{part[1]})" if part is not None else ""
@@ -232,6 +249,7 @@ def warm(
         f"{len(documents)} documents{of_shard} from {len(files)} files: {warmed} warmed ({chunks} chunks), "
         f"{skipped} already warm{failed}. Store: {engine.config.store}"
     )
-    if store_errors:
-        typer.echo(f"{store_errors} writes to the store failed (logged above): those chunks were not kept", err=True)
+    if totals.store_errors:
+        failed_writes = f"{totals.store_errors} writes to the store failed"
+        typer.echo(f"{failed_writes} (logged above): those chunks were not kept", err=True)
     failures.exit()

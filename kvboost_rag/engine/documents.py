@@ -54,8 +54,8 @@ class DocumentWriter:
             kv_slice = slice(chunk_start, chunk_end)
             entry = ChunkEntry(
                 tokens=tokens[chunk_start:chunk_end].copy(),
-                keys=self._kept(keys[:, :, kv_slice], quantize_keys),
-                values=self._kept(values[:, :, kv_slice], quantize_values),
+                keys=self._kept(keys[:, :, kv_slice], quantize_keys, persist),
+                values=self._kept(values[:, :, kv_slice], quantize_values, persist),
                 base_position=base_position + chunk_start,
                 fingerprint=fingerprint,
                 content_hash=contents[i],
@@ -68,7 +68,9 @@ class DocumentWriter:
         self.store.add_document(DocumentRecord(doc_key, fingerprint, tuple(contents), len(tokens)), persist=persist)
         return stored
 
-    def _kept(self, kv: torch.Tensor, quantizer: Any) -> torch.Tensor | QuantizedTensor:
-        """A chunk's slice as kept: quantized, or cloned so it does not pin its whole document."""
+    def _kept(self, kv: torch.Tensor, quantizer: Any, at_rest: bool) -> torch.Tensor | QuantizedTensor:
+        """A chunk's slice as kept: quantized where it goes to rest (a warmed document), else
+        cloned so it does not pin its whole document (a chat's history stays as computed: its next
+        turn is an EXACT prefix)."""
         kind = self.kv_quantization
-        return quantizer(kv, kind) if kind else kv.clone()
+        return quantizer(kv, kind) if kind and at_rest else kv.clone()

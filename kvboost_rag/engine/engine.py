@@ -111,8 +111,8 @@ class KVBoostRAG:
         encoded and kept too: their keys say so."""
         config, prefix_tokens = self.config, self._prefix_tokens
         cutting = f"{config.chunking}:{config.chunk_size}:{config.adaptive_slack}"
-        keys = KeySpace.derive(self.fingerprint, config.kv_quantization, prefix_tokens.tobytes(), cutting, name)
-        writer = DocumentWriter(self.store, keys, config.kv_quantization)
+        keys = KeySpace.derive(self.fingerprint, config.kept_as, prefix_tokens.tobytes(), cutting, name)
+        writer = DocumentWriter(self.store, keys, config.kept_as)
         model, compute = self.model, self._compute
         warmer = Warmer(model, self.tokenizer, writer, self.boundaries, compute, self.max_context, prefix_tokens)
         return Namespace(
@@ -160,16 +160,20 @@ class KVBoostRAG:
         neighbours: Sequence[Sequence[str]] | None = None,
         neighbours_from: str = "",
         namespace: str = SHARED,
+        wait: bool = True,
     ) -> WarmReport:
         """Encode each document in one pass and store it chunk by chunk; one already warm (however
         warmed) costs a lookup. `pin` keeps its chunks in memory whatever the budget. `neighbours[i]`:
         texts encoded before document i, such as its nearest in the user's index, so its KV has seen
         what it is usually retrieved with (FusionRAG); only the document's own KV is kept, with a
         record of them and of `neighbours_from` (how they were found, e.g. "all-MiniLM-L6-v2").
-        `namespace`: whose documents they are (`namespaces.py`); "" is the shared corpus."""
+        `namespace`: whose documents they are (`namespaces.py`); "" is the shared corpus. Writers
+        warming one store at once encode each document once: one another writer is encoding is
+        waited for, or with `wait=False` left to it and counted in `deferred_documents` (warm it
+        again later to be sure it is there)."""
         texts = check_documents(documents)  # all of them, before the store or the model is touched
         space = self._writing(namespace)
-        return space.warmer.warm(texts, pin=pin, neighbours=neighbours, neighbours_from=neighbours_from)
+        return space.warmer.warm(texts, pin=pin, neighbours=neighbours, neighbours_from=neighbours_from, wait=wait)
 
     def warm_together(
         self,
@@ -178,12 +182,14 @@ class KVBoostRAG:
         pin: bool = False,
         neighbours_from: str = "",
         namespace: str = SHARED,
+        wait: bool = True,
     ) -> WarmReport:
         """Warm groups of documents that are each other's neighbours (clusters of your index), each
-        member after half its group or more, for ~2x plain warming's work (`Warmer.warm_together`)."""
+        member after half its group or more, for ~2x plain warming's work (`Warmer.warm_together`);
+        `wait` as for `warm`."""
         checked = check_groups(groups)
         space = self._writing(namespace)
-        return space.warmer.warm_together(checked, pin=pin, neighbours_from=neighbours_from)
+        return space.warmer.warm_together(checked, pin=pin, neighbours_from=neighbours_from, wait=wait)
 
     def namespace_fingerprints(self, namespace: str) -> frozenset[Fingerprint]:
         """The fingerprints a namespace's chunks carry (its documents', its kept prompts'): its

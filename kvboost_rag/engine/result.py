@@ -99,8 +99,14 @@ class WarmReport:
     tokens_encoded: int = 0
     seconds: float = 0.0
     store_errors: int = 0  # writes a persistent tier failed (a full disk): those chunks live in memory only
+    deferred_documents: int = 0  # left to another writer encoding them (`wait=False`): not warm yet
 
     @property
     def encoded_documents(self) -> int:
-        """Documents this call encoded (the others were warm already)."""
-        return self.documents - self.skipped_documents
+        """Documents this call encoded (the others were warm already, or left to another writer)."""
+        return self.documents - self.skipped_documents - self.deferred_documents
+
+    def add(self, other: WarmReport) -> None:
+        """Count another call's report into this one (a run of many calls)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))

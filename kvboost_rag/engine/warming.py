@@ -1,11 +1,17 @@
-"""Warming: encode each document alone, in one pass, and store it chunk by chunk."""
+"""Warming: encode each document alone, in one pass, and store it chunk by chunk.
+
+Writers warming one store at once (processes, hosts) claim each document before encoding it
+(`ChunkStore.claim`), so none is encoded twice: a document another writer holds is waited for,
+or left to it (`wait=False`, counted as deferred) for the caller to come back to.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +20,7 @@ import torch
 from ..hf.cache import forward_last_logits, make_cache, stacked_kv
 from ..hf.model import model_shape
 from ..plan.keys import ContentHash, chained_prefix_hashes, document_hash
+from ..store.claims import claimant
 from ..store.entry import ALONE, DocumentRecord, WarmedAfter
 from .cancellation import check_cancelled
 from .compute import Compute
@@ -22,6 +29,14 @@ from .inputs import check_document, check_text
 from .result import WarmReport
 
 Neighbours = Sequence[Sequence[str]]  # per document, the texts it is encoded after
+Member = tuple[np.ndarray, bytes]  # a document's tokens and key
+Work = tuple[list[Member], Callable[[list[bool]], None]]  # members, and what encodes those taken
+
+# NOTE: a claim outlives any one group's passes; a writer that died on another host leaves its
+# documents claimed this long at most (one on this host, not at all: `store.claims`), after which
+# another encodes them (work done twice at worst, never lost).
+CLAIM_SECONDS = 300.0
+CLAIM_POLL_SECONDS = 0.5  # how often a writer waiting on another's documents looks again
 
 
 class Warmer:
@@ -49,35 +64,111 @@ class Warmer:
         self._prefix_lock = threading.Lock()
 
     def warm(
-        self, texts: list[str], *, pin: bool = False, neighbours: Neighbours | None = None, neighbours_from: str = ""
+        self,
+        texts: list[str],
+        *,
+        pin: bool = False,
+        neighbours: Neighbours | None = None,
+        neighbours_from: str = "",
+        wait: bool = True,
     ) -> WarmReport:
         """A document already warm is skipped without any model work. `pin` keeps its chunks in
         memory whatever the budget asks. `neighbours[i]`: texts encoded before document i, as
         they would stand before it in a prompt (FusionRAG); only the document's KV is kept, with
-        a record of them and of `neighbours_from` (how they were found)."""
+        a record of them and of `neighbours_from` (how they were found). `wait`: see the module."""
         started = time.perf_counter()
         tokenized = [self.document_tokens(i, text) for i, text in enumerate(texts)]
         contexts = self.contexts(neighbours, tokenized, neighbours_from)
         report = WarmReport(documents=len(texts))
         errors_before = self.store.tier_errors
+        work: list[Work] = []
         for tokens, (context, warmed_after) in zip(tokenized, contexts):
-            check_cancelled()  # between documents: a caller that went away stops the rest
             doc_key = document_hash(self.keys.document, tokens)
-            with self.store.serving():  # one document's chunks never evict each other
-                if self.is_warm(doc_key, tokens, report):
-                    report.skipped_documents += 1
-                else:
-                    report.chunks_stored += self.compute.run(
-                        self.encode_document, doc_key, tokens, context, warmed_after
-                    )
-                    report.tokens_encoded += len(context) + len(tokens)
-            if pin:
-                self.store.pin_document(doc_key)
+            encode = functools.partial(self._encode_one, report, doc_key, tokens, context, warmed_after)
+            work.append(([(tokens, doc_key)], encode))
+        self._warm_all(work, report, wait=wait, pin=pin, serving=True)
         report.store_errors = self.store.tier_errors - errors_before
         report.seconds = time.perf_counter() - started
         return report
 
-    def warm_together(self, groups: list[list[str]], *, pin: bool = False, neighbours_from: str = "") -> WarmReport:
+    def _encode_one(
+        self,
+        report: WarmReport,
+        doc_key: bytes,
+        tokens: np.ndarray,
+        context: np.ndarray,
+        warmed_after: WarmedAfter,
+        taken: list[bool],
+    ) -> None:
+        report.chunks_stored += self.compute.run(self.encode_document, doc_key, tokens, context, warmed_after)
+        report.tokens_encoded += len(context) + len(tokens)
+
+    def _warm_all(self, work: list[Work], report: WarmReport, *, wait: bool, pin: bool, serving: bool) -> None:
+        """Each item's members encoded where cold and claimed here (`serving`: an item's chunks never
+        evict each other). Items another writer holds come last, when the rest are done, so writers
+        on one corpus spread over it instead of queueing behind each other; they are then waited
+        for, or without `wait` counted as deferred."""
+        pending = []
+        for members, encode in work:
+            check_cancelled()  # between items: a caller that went away stops the rest
+            remaining = [True] * len(members)
+            with self.store.serving() if serving else contextlib.nullcontext():
+                self._claimed(members, encode, report, False, remaining)
+            if any(remaining):
+                pending.append((members, encode, remaining))
+            elif pin:
+                self._pin(members)
+        for members, encode, remaining in pending:
+            with self.store.serving() if serving else contextlib.nullcontext():
+                self._claimed(members, encode, report, wait, remaining)
+            report.deferred_documents += sum(remaining)
+            if pin:
+                self._pin(members)
+
+    def _pin(self, members: list[Member]) -> None:
+        for _, key in members:
+            self.store.pin_document(key)
+
+    def _claimed(
+        self,
+        members: list[Member],
+        encode: Callable[[list[bool]], None],
+        report: WarmReport,
+        wait: bool,
+        remaining: list[bool],
+    ) -> None:
+        """Encode (`encode(taken)`) the `remaining` members that are cold and claimed here, then free
+        their claims; those another writer holds stay `remaining`, waited for with `wait` (found
+        warm, or taken once the claim lapses). Members found warm count as skipped."""
+        owner = claimant()  # this call's: threads of one process are writers too
+        while True:
+            cold = [left and not self.is_warm(key, tokens, report) for (tokens, key), left in zip(members, remaining)]
+            keys = [key for (_, key), is_cold in zip(members, cold) if is_cold]
+            held = iter(self.store.claim(keys, owner, CLAIM_SECONDS))
+            claimed = [is_cold and next(held) for is_cold in cold]
+            # NOTE: another writer may have stored one between the look and the claim: look again
+            cold = [
+                is_cold and not (mine and self.is_warm(key, tokens, report))
+                for (tokens, key), is_cold, mine in zip(members, cold, claimed)
+            ]
+            taken = [mine and is_cold for mine, is_cold in zip(claimed, cold)]
+            try:
+                if any(taken):
+                    encode(taken)
+            finally:
+                self.store.release([key for (_, key), mine in zip(members, claimed) if mine], owner)
+            for i, mine in enumerate(taken):
+                if remaining[i] and (mine or not cold[i]):
+                    remaining[i] = False
+                    report.skipped_documents += not mine
+            if not any(remaining) or not wait:
+                return
+            check_cancelled()
+            time.sleep(CLAIM_POLL_SECONDS)
+
+    def warm_together(
+        self, groups: list[list[str]], *, pin: bool = False, neighbours_from: str = "", wait: bool = True
+    ) -> WarmReport:
         """Each group of documents that are each other's neighbours, encoded in two passes: in
         its order, then reversed, a blank line between documents. Each member keeps its KV from
         the pass where more of the group stands before it, so it is warmed after half its group
@@ -85,42 +176,49 @@ class Warmer:
         group alone, whatever else is warm: members already warm are not stored again but still
         stand in the passes that store others (a pass that stores none is not run), so workers
         warming one corpus at once, or a corpus warmed as it grows, store what one run would. A
-        group passing the window loses its last members, which are warmed alone."""
+        group passing the window loses its last members, which are warmed alone. `wait`: see the
+        module."""
         started = time.perf_counter()
         texts = [text for group in groups for text in group]
         tokenized = iter([self.document_tokens(i, text) for i, text in enumerate(texts)])
         report = WarmReport(documents=len(texts))
         errors_before = self.store.tier_errors
         room = self.max_context - len(self.prefix_tokens)
+        work: list[Work] = []
         for group in groups:
-            check_cancelled()
             members = [
                 (tokens, document_hash(self.keys.document, tokens)) for tokens in [next(tokenized) for _ in group]
             ]
-            keys = [key for _, key in members]
-            cold = [not self.is_warm(key, tokens, report) for tokens, key in members]
-            report.skipped_documents += cold.count(False)
-            while sum(len(tokens) + len(self.separator) for tokens, _ in members) > room:
-                (tokens, key), was_cold = members.pop(), cold.pop()  # past the window: warmed alone
-                if was_cold:
-                    report.chunks_stored += self.compute.run(self._encode_alone, key, tokens)
-                    report.tokens_encoded += len(tokens)
-            if len(members) == 1 and cold[0]:
-                report.chunks_stored += self.compute.run(self._encode_alone, *members[0][::-1])
-                report.tokens_encoded += len(members[0][0])
-            elif len(members) > 1:
-                for order, keep in self._passes(len(members)):
-                    stored = [position for position in keep if cold[order[position]]]
-                    if stored:
-                        passed = [members[j] for j in order]
-                        report.chunks_stored += self.compute.run(self._encode_in_turn, passed, stored, neighbours_from)
-                        report.tokens_encoded += sum(len(tokens) + len(self.separator) for tokens, _ in passed)
-            if pin:
-                for key in keys:
-                    self.store.pin_document(key)
+            encode = functools.partial(
+                self._encode_group, members, report=report, room=room, neighbours_from=neighbours_from
+            )
+            work.append((members, encode))
+        self._warm_all(work, report, wait=wait, pin=pin, serving=False)
         report.store_errors = self.store.tier_errors - errors_before
         report.seconds = time.perf_counter() - started
         return report
+
+    def _encode_group(
+        self, members: list[Member], taken: list[bool], report: WarmReport, room: int, neighbours_from: str
+    ) -> None:
+        """A group's passes, storing the members `taken` (cold, claimed here); members past the
+        window are warmed alone."""
+        members, taken = list(members), list(taken)
+        while sum(len(tokens) + len(self.separator) for tokens, _ in members) > room:
+            (tokens, key), mine = members.pop(), taken.pop()  # past the window: warmed alone
+            if mine:
+                report.chunks_stored += self.compute.run(self._encode_alone, key, tokens)
+                report.tokens_encoded += len(tokens)
+        if len(members) == 1 and taken[0]:
+            report.chunks_stored += self.compute.run(self._encode_alone, *members[0][::-1])
+            report.tokens_encoded += len(members[0][0])
+        elif len(members) > 1:
+            for order, keep in self._passes(len(members)):
+                stored = [position for position in keep if taken[order[position]]]
+                if stored:
+                    passed = [members[j] for j in order]
+                    report.chunks_stored += self.compute.run(self._encode_in_turn, passed, stored, neighbours_from)
+                    report.tokens_encoded += sum(len(tokens) + len(self.separator) for tokens, _ in passed)
 
     @staticmethod
     def _passes(size: int) -> list[tuple[list[int], list[int]]]:

@@ -14,13 +14,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config import MEMORY_ONLY
+from ..config import MEMORY_ONLY, Quantization
 from ..engine import GenerationResult, KVBoostRAG
 from ..ops.logits import kl_divergence, top_margin
 from .data import QAExample
 from .metrics import best_subspan_em, token_f1
 from .prompt import TEMPLATE, rag_prompt
-from .variants import Variant
+from .variants import Variant, Warming
+
+Store = tuple[Warming, Quantization | None]  # how a store's documents were warmed, how its KV is kept
 
 # Full prefill's first token is "clear" when its probability leads the runner-up's by this much;
 # below it, a near-tie flips on any small change (bf16 rounding alone flips ~2.5% of them).
@@ -148,49 +150,52 @@ def run_eval(
     warmed as `kvboost-rag warm` warms them: each with its group of mutual neighbours
     `group_of(document)` (`warm_together`) when a question first needs it, so the store never holds
     more groups than its budget; each after `neighbours_for(document)` where no groups are given;
-    else alone. Variants that read documents warmed otherwise read a store of their own: each
-    alone, or each after its own nearest. `stage` hears what runs now ("warming", "answering:
-    <variant>"), for a progress bar to show."""
+    else alone. Variants that read documents warmed otherwise (each alone, or each after its own
+    nearest), or kept in another format (`Variant.kept_as`), read a store of their own. `stage`
+    hears what runs now ("warming", "answering: <variant>"), for a progress bar to show."""
     if not variants or variants[0].mode != "full":
         raise ValueError("the first variant must be full prefill: every other is measured against it")
     report = EvalReport(settings=dict(settings or {}))
     engine.generate("Warm-up.", max_new_tokens=1, mode="full")
     every = [*variants, *(sweep or [])]
-    warmings = {v.warming for v in every} - {"corpus"}
-    if neighbours_for is None:
-        warmings = set()  # the corpus is warmed alone already: one store serves every variant
-    elif group_of is None:
-        warmings.discard("nearest")  # the corpus is warmed each after its nearest already
-    stores = {
-        w: KVBoostRAG(engine.model, engine.tokenizer, replace(engine.config, store=MEMORY_ONLY), name=engine.name)
-        for w in sorted(warmings)
-    }
-    reader = {"corpus": engine, "alone": stores.get("alone", engine), "nearest": stores.get("nearest", engine)}
+    own: Store = ("corpus", engine.config.kept_as)
 
-    def warm(warming: str, documents: list[str]) -> None:
+    def store_of(variant: Variant) -> Store:
+        """The store a variant reads: how its documents were warmed and how their KV is kept."""
+        warming = variant.warming
+        if neighbours_for is None or (group_of is None and warming == "nearest"):
+            warming = "corpus"  # the corpus is warmed that way already (alone, or each after its nearest)
+        kept = variant.kept_as
+        return warming, engine.config.kept_as if kept == "engine" else None if kept == "dense" else kept
+
+    readers = {own: engine}
+    for warming, kept in sorted({store_of(v) for v in every} - {own}, key=str):
+        config = replace(engine.config, store=MEMORY_ONLY, kv_quantization=kept)
+        readers[warming, kept] = KVBoostRAG(engine.model, engine.tokenizer, config, name=engine.name)
+
+    def warm(store: Store, documents: list[str]) -> None:
+        reader, warming = readers[store], store[0]
         after = [neighbours_for(d) for d in documents] if neighbours_for else None
         if warming == "corpus" and group_of is not None:  # each group once, members already warm are skipped
-            engine.warm_together([list(g) for g in dict.fromkeys(tuple(group_of(d)) for d in documents)])
-        elif warming == "corpus":
-            engine.warm(documents, neighbours=after)
-        elif warming == "alone":
-            stores["alone"].warm(documents)
+            reader.warm_together([list(g) for g in dict.fromkeys(tuple(group_of(d)) for d in documents)])
+        elif warming in ("corpus", "nearest"):
+            reader.warm(documents, neighbours=after)
         else:
-            stores["nearest"].warm(documents, neighbours=after)
+            reader.warm(documents)
 
     reusing = any(v.mode != "full" for v in every)  # else nothing reads warm KV
     if examples and reusing:
         stage("warming the template")
-        for warming in ["corpus", *stores]:
-            warm(warming, passages_for(0)[:1])
-            warm_template_head(reader[warming], passages_for(0)[0], template, chat)
+        for store, reader in readers.items():
+            warm(store, passages_for(0)[:1])
+            warm_template_head(reader, passages_for(0)[0], template, chat)
     for i in progress(range(len(examples))):
         example = examples[i]
         documents = passages_for(i)
         if reusing:
             stage("warming")
-            for warming in ["corpus", *stores]:
-                warm(warming, documents)
+            for store in readers:
+                warm(store, documents)
         documents = fitting_documents(engine, example.question, documents, template, chat, max_new_tokens)
         random.Random(f"{seed}:{i}").shuffle(documents)
         prompt = rag_prompt(example.question, documents, template, chat)
@@ -201,7 +206,7 @@ def run_eval(
         shift = i % max(len(todo), 1)
         for variant in todo[shift:] + todo[:shift]:  # rotate the order: none always runs first
             stage(f"answering: {variant.name}")
-            results[variant.name] = _answer(reader[variant.warming], prompt, variant, max_new_tokens)
+            results[variant.name] = _answer(readers[store_of(variant)], prompt, variant, max_new_tokens)
         for name, result in results.items():
             report.records.setdefault(name, []).append(_record(i, example, result, reference))
     return report

@@ -13,12 +13,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..config import ExactnessConfig, Mode, RepairConfig
+from ..config import ExactnessConfig, Mode, Quantization, RepairConfig
 
 # How the documents a variant reads were warmed: as the eval's corpus is (as `kvboost-rag warm`
 # warms: in groups of mutual neighbours), each alone, or each after its own nearest; each other
 # than "corpus" is a store of its own.
 Warming = Literal["corpus", "alone", "nearest"]
+# How the store a variant reads keeps its KV: as the engine's settings say, or one format
+# (dense: as computed); each other than the engine's is a store of its own.
+KeptAs = Literal["engine", "dense"] | Quantization
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,6 +31,7 @@ class Variant:
     repair: RepairConfig | None = None  # None: the engine's
     exactness: ExactnessConfig | None = None  # None: the engine's
     warming: Warming = "corpus"
+    kept_as: KeptAs = "engine"
 
 
 @dataclass(slots=True, frozen=True)

@@ -110,11 +110,7 @@ def warm_quietly(
             else:
                 warnings.warn(f"kvboost-rag could not warm a document: {error}", stacklevel=3)
                 continue
-        total.documents += report.documents
-        total.skipped_documents += report.skipped_documents
-        total.chunks_stored += report.chunks_stored
-        total.tokens_encoded += report.tokens_encoded
-        total.store_errors += report.store_errors
+        total.add(report)
     total.seconds = time.perf_counter() - started
     return total
 

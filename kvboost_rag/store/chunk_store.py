@@ -113,6 +113,26 @@ class ChunkStore:
         in_tiers = [self.safely(t, "pinning", lambda: t.pin_document(doc_key, pinned), False) for t in self.tiers]
         return in_memory or any(in_tiers)
 
+    def claim(self, doc_keys: Sequence[bytes], owner: str, seconds: float) -> list[bool]:
+        """Which of these documents `owner` may encode now (`ChunkTier.claim`), asked of the most
+        widely shared tier (the last that can be written: Redis below a disk), so writers in other
+        processes and on other hosts encode each once. All of them where no tier is shared (memory
+        only) or the tier fails: at worst a document is encoded twice, never left unwarmed."""
+        tier = self._shared_tier()
+        every = [True] * len(doc_keys)
+        if tier is None or not doc_keys:
+            return every
+        return self.safely(tier, "claiming documents", lambda: tier.claim(doc_keys, owner, seconds), every)
+
+    def release(self, doc_keys: Sequence[bytes], owner: str) -> None:
+        tier = self._shared_tier()
+        if tier is not None and doc_keys:
+            self.safely(tier, "releasing claims", lambda: tier.release(doc_keys, owner), None)
+
+    def _shared_tier(self) -> ChunkTier | None:
+        writable = [tier for tier in self.tiers if not getattr(tier, "read_only", False)]
+        return writable[-1] if writable else None
+
     def has_document(self, doc_key: bytes) -> bool:
         """Whether every chunk of the document is stored, in memory or in a tier."""
         if self.memory.has_document(doc_key):

@@ -1,14 +1,15 @@
 """The interface of a persistent tier below the memory tier: disk (`disk/`) and Redis (`redis/`).
 
 Small on purpose, after LMCache's storage backends: chunks by key (contains, get, put, remove,
-close), the window index that approximate matching looks up, document records, and the two
-maintenance calls every tier answers (stats, prune). The chunk store (`chunk_store.py`) looks
-memory's misses up in each tier in order and writes document chunks through to all of them.
+close), the window index that approximate matching looks up, document records, writers' claims
+on the documents they encode, and the two maintenance calls every tier answers (stats, prune).
+The chunk store (`chunk_store.py`) looks memory's misses up in each tier in order and writes
+document chunks through to all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,6 +62,15 @@ class ChunkTier(Protocol):
         """Whether the document and every one of its chunks are stored."""
 
     def pin_document(self, doc_key: bytes, pinned: bool = True) -> bool: ...
+
+    # writers -----------------------------------------------------------------------------
+    def claim(self, doc_keys: Sequence[bytes], owner: str, seconds: float) -> list[bool]:
+        """For each document, whether `owner` may encode it now: its claim taken (none stood, or
+        the one there lapsed) or renewed; False where another writer's stands. A claim ends at
+        `release` or after `seconds`."""
+
+    def release(self, doc_keys: Sequence[bytes], owner: str) -> None:
+        """End `owner`'s claims on these documents."""
 
     # how the tier was written ------------------------------------------------------------
     @property

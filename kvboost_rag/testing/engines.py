@@ -13,18 +13,22 @@ from ..config import EngineConfig
 from ..engine import KVBoostRAG
 from ..eval.data import QAExample, load_qa
 
+# What reuse is checked against: warmed KV as computed (int8 at rest, the default, is approximate
+# wherever it stands; its own tests build engines with the default settings).
+AS_COMPUTED = EngineConfig(store="memory", kv_quantization="dense")
+
 
 @cache
 def shared_test_engine() -> KVBoostRAG:
     """The embedded default model in float32 (the same tokens on every host kind), loaded once per
     test session: suites build many model objects, each around it."""
-    return KVBoostRAG.from_pretrained(dtype="float32", store="memory")
+    return KVBoostRAG.from_pretrained(dtype="float32", store="memory", kv_quantization="dense")
 
 
 def on_empty_store(engine: KVBoostRAG, config: EngineConfig | None = None) -> KVBoostRAG:
-    """`engine`'s model (loaded once) with `config` (default: an empty memory store), so a test
-    sees no other test's chunks."""
-    return KVBoostRAG(engine.model, engine.tokenizer, config or EngineConfig(store="memory"), name=engine.name)
+    """`engine`'s model (loaded once) with `config` (default: an empty memory store keeping warmed
+    KV as computed), so a test sees no other test's chunks."""
+    return KVBoostRAG(engine.model, engine.tokenizer, config or AS_COMPUTED, name=engine.name)
 
 
 def fresh_engine() -> KVBoostRAG:

@@ -17,11 +17,21 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from kvboost_rag.config import CHOOSING_STRATEGIES, ExactnessConfig, RepairConfig
-from kvboost_rag.eval.variants import VARIANTS, Baseline, Builder, Variant
+from kvboost_rag.eval.variants import VARIANTS, Baseline, Builder, KeptAs, Variant
 
 OFF = ExactnessConfig.off()
 SINK_TOKENS = 4  # where a moved run's KV is most wrong: its first tokens were a pass's attention sink
 SETTLE_SHARE = 0.5  # the `settle` variant's share, where the baseline settles no near-tie first
+
+
+def _kept_as(kept: KeptAs) -> Builder:
+    """The default reading chunks kept `kept` (issue 55: the store's KV at rest)."""
+    dense = " (as computed)" if kept == "dense" else ""
+    return Builder(
+        f"the engine as configured, its chunks kept {kept}{dense}",
+        lambda b: Variant(kept, "reuse", b.repair, b.exactness, kept_as=kept),
+    )
+
 
 RESEARCH_VARIANTS: dict[str, Builder] = {
     **VARIANTS,
@@ -55,6 +65,8 @@ RESEARCH_VARIANTS: dict[str, Builder] = {
         "the engine as configured, documents warmed each after its own nearest",
         lambda b: Variant("nearest", "reuse", b.repair, b.exactness, warming="nearest"),
     ),
+    # the store's KV at rest (issue 55): the default reading chunks kept dense, int8 or int4
+    **{kept: _kept_as(kept) for kept in ("dense", "int8", "int4")},
     "sinks": Builder(
         "the default, each moved run's first 4 tokens always recomputed (EPIC's sinks)",
         lambda b: Variant("sinks", "reuse", replace(b.repair, blend_boundary_tokens=SINK_TOKENS), b.exactness),

@@ -15,7 +15,7 @@ from kvboost_rag.store.disk.recovery import rebuild_index
 from kvboost_rag.store.open import open_store, record_settings
 from kvboost_rag.store.settings import KeySettings, StoreSettingsError, reconcile
 
-SEMANTIC = KeySettings(chunking="semantic", chunk_size=64, adaptive_slack=8, kv_quantization="int8", warm_prefix="Doc:")
+SEMANTIC = KeySettings(chunking="semantic", chunk_size=64, adaptive_slack=8, kv_quantization="int4", warm_prefix="Doc:")
 
 
 def test_key_settings_json_round_trip() -> None:
@@ -23,8 +23,8 @@ def test_key_settings_json_round_trip() -> None:
         text = settings.to_json()
         assert KeySettings.from_json(text) == settings
         assert list(json.loads(text)) == sorted(json.loads(text)), "stable text: keys sorted"
-    assert KeySettings.of(EngineConfig()) == KeySettings("fixed", 128, 16, None, "")
-    assert KeySettings.of(EngineConfig()).to_json() == KeySettings("fixed", 128, 16, None, "").to_json()
+    assert KeySettings.of(EngineConfig()) == KeySettings("fixed", 128, 16, "int8", "")
+    assert KeySettings.of(EngineConfig()).to_json() == KeySettings("fixed", 128, 16, "int8", "").to_json()
 
 
 def test_differences_name_each_setting_with_both_values() -> None:
@@ -34,7 +34,7 @@ def test_differences_name_each_setting_with_both_values() -> None:
         "chunking": ("fixed", "semantic"),
         "chunk_size": (128, 64),
         "adaptive_slack": (16, 8),
-        "kv_quantization": (None, "int8"),
+        "kv_quantization": ("int8", "int4"),
         "warm_prefix": ("", "Doc:"),
     }
 
@@ -54,7 +54,7 @@ def test_the_recorded_settings_are_adopted_where_the_config_is_at_defaults() -> 
 
 
 def test_an_explicit_value_equal_to_the_recorded_one_still_adopts_the_rest() -> None:
-    adopted = reconcile(EngineConfig(chunk_size=64, kv_quantization="int8"), [SEMANTIC], None, "s")
+    adopted = reconcile(EngineConfig(chunk_size=64, kv_quantization="int4"), [SEMANTIC], None, "s")
     assert KeySettings.of(adopted) == SEMANTIC
 
 
@@ -130,7 +130,7 @@ def test_record_settings_reaches_every_tier(fakes, tmp_path) -> None:
         store, fakes.keys.model, fakes.keys, EngineConfig(chunk_size=32, match_window=4), name="unit-test-model"
     )
     for disk in disks:
-        assert disk.recorded_settings(fakes.model_fp) == [KeySettings("fixed", 32, 16, None, "")]
+        assert disk.recorded_settings(fakes.model_fp) == [KeySettings("fixed", 32, 16, "int8", "")]
         assert disk.index.model_names() == {fakes.model_fp: "unit-test-model", fakes.doc_fp: "unit-test-model"}
         disk.close()
 

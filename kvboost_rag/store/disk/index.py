@@ -3,8 +3,9 @@
 Tables: `meta` (schema version, match window), `settings` (each model's key settings), `models`
 (the name of a fingerprint's model), `entries` (one row per chunk file), `windows` (window key ->
 chunk, the approximate-matching index), `documents` (with whether every chunk is still stored),
-`document_chunks` (chunk -> the documents holding it) and `totals` (per fingerprint: chunks, bytes,
-pinned chunks, whole documents, kept in the transaction of every write). Every query is by index:
+`document_chunks` (chunk -> the documents holding it), `totals` (per fingerprint: chunks, bytes,
+pinned chunks, whole documents, kept in the transaction of every write) and `claims` (which writer
+is encoding a document now, until when). Every query is by index:
 nothing here scans the stored chunks on a request's path, and `stats`, `verify` and `prune` cost
 the same at any size (totals; pages of keys; batches in eviction order).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...plan.keys import ContentHash, Fingerprint, WindowKey
+from ..claims import holder_gone
 from ..settings import SCHEMA_VERSION, KeySettings
 from ..tier import ModelStats
 from .identity import file_identity
@@ -48,6 +50,7 @@ CREATE INDEX IF NOT EXISTS windows_by_key ON windows(key);
 CREATE TABLE IF NOT EXISTS documents (
     doc_key BLOB PRIMARY KEY, fingerprint BLOB NOT NULL, chunks BLOB NOT NULL, tokens INTEGER NOT NULL,
     created REAL NOT NULL, complete INTEGER NOT NULL DEFAULT 1);
+CREATE TABLE IF NOT EXISTS claims (doc_key BLOB PRIMARY KEY, owner TEXT NOT NULL, expires REAL NOT NULL);
 """
 # Schema 3 (the disk index's own version: a store written here is refused by an older kvboost-rag,
 # which would not keep the totals): totals and the chunk -> documents index.
@@ -352,6 +355,28 @@ class DiskIndex:
                 [(chunk, record.doc_key) for chunk in dict.fromkeys(record.chunks)],
             )
             self._add(record.fingerprint, documents=1)
+
+    def claim(self, doc_keys: Iterable[bytes], owner: str, seconds: float) -> list[bool]:
+        """For each document, whether `owner` holds its claim now: taken where none stands, the one
+        there lapsed or its writer is gone, renewed where it is `owner`'s; one transaction for all."""
+        now, held = time.time(), []
+        with self._reading_to_write():
+            for key in doc_keys:
+                row = self._db.execute("SELECT owner, expires FROM claims WHERE doc_key = ?", (key,)).fetchone()
+                mine = row is None or row[0] == owner or row[1] < now or holder_gone(row[0])
+                if mine:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO claims (doc_key, owner, expires) VALUES (?, ?, ?)",
+                        (key, owner, now + seconds),
+                    )
+                held.append(mine)
+        return held
+
+    def release(self, doc_keys: Iterable[bytes], owner: str) -> None:
+        with self._lock, self._db:
+            self._db.executemany(
+                "DELETE FROM claims WHERE doc_key = ? AND owner = ?", [(key, owner) for key in doc_keys]
+            )
 
     def document_chunks(self, doc_key: bytes) -> list[bytes] | None:
         with self._lock:

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,6 +169,16 @@ class DiskStore:
             self._check_index()
             self.index.put_document(record)
             write_sidecar(self.root, "documents", record.doc_key, document_json(record))
+
+    def claim(self, doc_keys: Sequence[bytes], owner: str, seconds: float) -> list[bool]:
+        if self.read_only:
+            return [True] * len(doc_keys)  # nothing is written here: no writer to wait for
+        self._check_index()
+        return self.index.claim(doc_keys, owner, seconds)
+
+    def release(self, doc_keys: Sequence[bytes], owner: str) -> None:
+        if not self.read_only:
+            self.index.release(doc_keys, owner)
 
     def has_document(self, doc_key: bytes) -> bool:
         self._check_index()  # warming asks first: a rebuilt index knows what the files hold

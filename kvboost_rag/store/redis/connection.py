@@ -20,7 +20,7 @@ from ..location import DEFAULT_SHARDS, RedisLocation
 from ..settings import SCHEMA_VERSION, StoreSettingsError
 from .guard import ConnectionGuard
 from .layout import KeyLayout
-from .scripts import PUT_CHUNK, REMOVE_CHUNK
+from .scripts import CLAIM_DOCUMENT, PUT_CHUNK, RELEASE_DOCUMENT, REMOVE_CHUNK
 
 T = TypeVar("T")
 
@@ -60,6 +60,8 @@ class NamespaceConnection:
                 self._connection = _client(self.location)
                 self.put_chunk = self._connection.register_script(PUT_CHUNK)
                 self.remove_chunk = self._connection.register_script(REMOVE_CHUNK)
+                self.claim_document = self._connection.register_script(CLAIM_DOCUMENT)
+                self.release_document = self._connection.register_script(RELEASE_DOCUMENT)
             return self._connection
 
     def close(self) -> None:

@@ -37,6 +37,10 @@ class KeyLayout:
     def document(self, doc_key: bytes) -> str:
         return f"{self._tag(self.group_of(doc_key))}:d:{doc_key.hex()}"
 
+    def claim(self, doc_key: bytes) -> str:
+        """Which writer is encoding the document now (a value with a TTL)."""
+        return f"{self._tag(self.group_of(doc_key))}:claim:{doc_key.hex()}"
+
     @property
     def manifest(self) -> str:
         return "{%s:meta}:manifest" % self.namespace

@@ -44,3 +44,19 @@ for i = first, #KEYS do
 end
 return 1
 """
+
+# KEYS: a document's claim. ARGV: the writer, the claim's life in milliseconds, a holder whose
+# claim may be taken over (its writer is gone; "" for none). Returns 1 when the writer holds the
+# claim now (taken, or its own renewed), else the writer whose claim stands.
+CLAIM_DOCUMENT = """#!lua
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] and holder ~= ARGV[3] then return holder end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: a document's claim. ARGV: the writer. Frees the claim if that writer holds it.
+RELEASE_DOCUMENT = """#!lua
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 0
+"""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,6 +25,7 @@ import torch
 from redis.cluster import RedisCluster
 
 from ...plan.keys import ContentHash, Fingerprint, PrefixHash, WindowKey, content_hash, indexed_window_keys
+from ..claims import holder_gone
 from ..entry import ChunkEntry, DocumentRecord
 from ..format import load_chunk, serialize, to_device
 from ..location import RedisLocation
@@ -241,6 +242,26 @@ class RedisStore:
             }
         )
         self._call(lambda: self._client.set(self.layout.document(record.doc_key), text))
+
+    def claim(self, doc_keys: Sequence[bytes], owner: str, seconds: float) -> list[bool]:
+        """One script a document (each its own hash slot on a cluster)."""
+        life = max(1, int(seconds * 1000))
+
+        def take(key: bytes) -> bool:
+            name = self.layout.claim(key)
+            reply = self.connection.claim_document(keys=[name], args=[owner, life, ""])
+            if isinstance(reply, bytes) and holder_gone(reply.decode()):  # its writer died on this host
+                reply = self.connection.claim_document(keys=[name], args=[owner, life, reply])
+            return reply == 1
+
+        return self._call(lambda: [take(key) for key in doc_keys])
+
+    def release(self, doc_keys: Sequence[bytes], owner: str) -> None:
+        def free() -> None:
+            for key in doc_keys:
+                self.connection.release_document(keys=[self.layout.claim(key)], args=[owner])
+
+        self._call(free)
 
     def _document_chunks(self, doc_key: bytes) -> list[ContentHash] | None:
         text = self._call(lambda: self._client.get(self.layout.document(doc_key)))
